@@ -1,0 +1,1 @@
+//! Runnable examples of tower-rate-tier; see the `[[example]]` entries of this package.

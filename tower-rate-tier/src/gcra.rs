@@ -1,0 +1,257 @@
+//! The generic cell rate algorithm (GCRA), as pure arithmetic.
+//!
+//! The state of one band of one key is a single timestamp, the *theoretical
+//! arrival time* (TAT): the time at which the band would be full again. With
+//! emission interval `I` and burst `B`, the tolerance is `τ = I · B`. A request
+//! of cost `c` at time `now` is admitted when
+//!
+//! ```text
+//! max(TAT, now) + c · I − now ≤ τ
+//! ```
+//!
+//! and then moves the TAT to `max(TAT, now) + c · I`. This module never sees a
+//! storage or an HTTP request: the storages call [`decide`] and [`refund`]
+//! under their own per-key atomicity.
+//!
+//! All intermediate arithmetic is done in `u128`, so no input (nanoseconds
+//! near `u64::MAX`, day-long intervals, a cost near `u32::MAX`) can overflow.
+//! A stored TAT more than one full refill ahead of `now` (the clock moved
+//! backwards, or a foreign writer) is clamped to `now + τ`: a clock that moves
+//! backwards never locks anyone out for longer than one full refill.
+
+use crate::clock::Nanos;
+use crate::quota::Quota;
+
+/// The state of one band after a decision.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct BandState {
+    /// Cost units that could still be admitted right now.
+    pub remaining: u32,
+    /// Nanoseconds until the band is full again.
+    pub reset_after_ns: u64,
+    /// Nanoseconds until the request that was denied would be admitted; 0
+    /// when it was admitted.
+    pub retry_after_ns: u64,
+}
+
+/// The outcome of [`decide`] for one band.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BandDecision {
+    /// Whether this band admits the request.
+    pub allowed: bool,
+    /// The TAT to store if the request is admitted by every band; `None` when
+    /// nothing needs writing (cost 0, or an unlimited band).
+    pub new_tat: Option<Nanos>,
+    /// The band's state after the decision (after the charge when admitted,
+    /// unchanged when denied).
+    pub state: BandState,
+}
+
+fn sat_u64(v: u128) -> u64 {
+    u64::try_from(v).unwrap_or(u64::MAX)
+}
+
+fn sat_u32(v: u128) -> u32 {
+    u32::try_from(v).unwrap_or(u32::MAX)
+}
+
+/// Decides one band: may a request of `cost` pass at `now`, given the stored
+/// TAT (`None` for a key never seen or expired)?
+///
+/// Cost 0 is a peek: always admitted, reports the state, writes nothing.
+///
+/// ```
+/// use tower_rate_tier::{Quota, gcra};
+///
+/// let q = Quota::per_second(2);
+/// let first = gcra::decide(None, 0, &q, 1);
+/// assert!(first.allowed);
+/// assert_eq!(first.state.remaining, 1);
+/// let second = gcra::decide(first.new_tat, 0, &q, 1);
+/// let third = gcra::decide(second.new_tat, 0, &q, 1);
+/// assert!(!third.allowed);
+/// assert_eq!(third.state.retry_after_ns, 500_000_000);
+/// ```
+pub fn decide(tat: Option<Nanos>, now: Nanos, quota: &Quota, cost: u32) -> BandDecision {
+    if quota.is_unlimited() {
+        return BandDecision {
+            allowed: true,
+            new_tat: None,
+            state: BandState {
+                remaining: u32::MAX,
+                reset_after_ns: 0,
+                retry_after_ns: 0,
+            },
+        };
+    }
+    let interval = u128::from(quota.emission_interval_nanos());
+    let tolerance = interval * u128::from(quota.burst());
+    let now_w = u128::from(now);
+    // Clamp into [now, now + τ]: an expired TAT is a fresh state, a TAT from
+    // the future (backwards clock) is at worst an emptied burst.
+    let base = tat
+        .map(u128::from)
+        .unwrap_or(now_w)
+        .max(now_w)
+        .min(now_w + tolerance);
+    let used = base - now_w;
+    let charged = used + interval * u128::from(cost);
+    if charged <= tolerance {
+        BandDecision {
+            allowed: true,
+            new_tat: (cost > 0).then(|| sat_u64(now_w + charged)),
+            state: BandState {
+                remaining: sat_u32((tolerance - charged) / interval),
+                reset_after_ns: sat_u64(charged),
+                retry_after_ns: 0,
+            },
+        }
+    } else {
+        BandDecision {
+            allowed: false,
+            new_tat: None,
+            state: BandState {
+                remaining: sat_u32((tolerance - used) / interval),
+                reset_after_ns: sat_u64(used),
+                retry_after_ns: sat_u64(charged - tolerance).max(1),
+            },
+        }
+    }
+}
+
+/// Gives `cost` units back to one band: the TAT after the refund, or `None`
+/// when the band is back to a fresh state (nothing to keep). Never goes below
+/// a fresh state.
+///
+/// ```
+/// use tower_rate_tier::{Quota, gcra};
+///
+/// let q = Quota::per_second(10);
+/// let charged = gcra::decide(None, 0, &q, 4).new_tat;
+/// let back = gcra::refund(charged, 0, &q, 3);
+/// assert_eq!(gcra::decide(back, 0, &q, 0).state.remaining, 9);
+/// assert_eq!(gcra::refund(back, 0, &q, 100), None);
+/// ```
+pub fn refund(tat: Option<Nanos>, now: Nanos, quota: &Quota, cost: u32) -> Option<Nanos> {
+    if quota.is_unlimited() {
+        return None;
+    }
+    let tat = u128::from(tat?);
+    let now_w = u128::from(now);
+    let interval = u128::from(quota.emission_interval_nanos());
+    let tolerance = interval * u128::from(quota.burst());
+    let base = tat.min(now_w + tolerance);
+    let back = base.saturating_sub(interval * u128::from(cost));
+    (back > now_w).then(|| sat_u64(back))
+}
+
+/// Whether a stored TAT is expired at `now` (the band is full: forgetting it
+/// changes nothing).
+pub fn is_expired(tat: Nanos, now: Nanos) -> bool {
+    tat <= now
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000_000;
+
+    fn run(q: &Quota, tat: &mut Option<Nanos>, now: Nanos, cost: u32) -> bool {
+        let d = decide(*tat, now, q, cost);
+        if d.allowed {
+            if let Some(t) = d.new_tat {
+                *tat = Some(t);
+            }
+        }
+        d.allowed
+    }
+
+    #[test]
+    fn burst_then_deny_then_exact_refill() {
+        let q = Quota::per_minute(10); // one every 6 s
+        let mut tat = None;
+        let now = 1_000 * S;
+        for i in 0..10 {
+            let d = decide(tat, now, &q, 1);
+            assert!(d.allowed, "request {i}");
+            assert_eq!(d.state.remaining, 9 - i);
+            tat = d.new_tat;
+        }
+        let denied = decide(tat, now, &q, 1);
+        assert!(!denied.allowed);
+        assert_eq!(denied.state.retry_after_ns, 6 * S);
+        assert_eq!(denied.state.reset_after_ns, 60 * S);
+        // one nanosecond too early
+        assert!(!run(&q, &mut tat, now + 6 * S - 1, 1));
+        assert!(run(&q, &mut tat, now + 6 * S, 1));
+        assert!(!run(&q, &mut tat, now + 6 * S, 1));
+    }
+
+    #[test]
+    fn cost_n_and_peek() {
+        let q = Quota::per_second(10);
+        let mut tat = None;
+        assert!(run(&q, &mut tat, 0, 7));
+        let peek = decide(tat, 0, &q, 0);
+        assert!(peek.allowed);
+        assert_eq!(peek.new_tat, None);
+        assert_eq!(peek.state.remaining, 3);
+        assert!(!run(&q, &mut tat, 0, 4));
+        assert!(run(&q, &mut tat, 0, 3));
+        // peek of an exhausted band is still allowed and reports 0
+        assert_eq!(decide(tat, 0, &q, 0).state.remaining, 0);
+        assert!(decide(tat, 0, &q, 0).allowed);
+    }
+
+    #[test]
+    fn cost_above_burst_never_passes() {
+        let q = Quota::per_second(5);
+        let d = decide(None, 0, &q, 6);
+        assert!(!d.allowed);
+        assert_eq!(d.state.remaining, 5);
+    }
+
+    #[test]
+    fn backwards_clock_is_bounded_by_one_refill() {
+        let q = Quota::per_second(10);
+        let mut tat = None;
+        let now = 100 * S;
+        for _ in 0..10 {
+            assert!(run(&q, &mut tat, now, 1));
+        }
+        // the clock jumps back an hour: still only one full refill away
+        let back = now - 3_600 * S;
+        let d = decide(tat, back, &q, 1);
+        assert!(!d.allowed);
+        assert_eq!(d.state.retry_after_ns, S / 10);
+        assert!(run(&q, &mut tat, back + S, 10));
+    }
+
+    #[test]
+    fn extremes_do_not_overflow() {
+        let q = Quota::per_day(1).with_burst(u32::MAX);
+        let d = decide(Some(u64::MAX), u64::MAX, &q, u32::MAX);
+        assert!(d.allowed);
+        assert_eq!(d.new_tat, Some(u64::MAX));
+        let d = decide(Some(u64::MAX), u64::MAX - 5, &Quota::per_second(1), u32::MAX);
+        assert!(!d.allowed);
+        assert_eq!(d.state.retry_after_ns, u64::MAX);
+        let q = Quota::per_second(u32::MAX);
+        assert!(decide(None, u64::MAX, &q, u32::MAX).allowed);
+        // a TAT far in the future is clamped to one refill before refunding
+        assert_eq!(refund(Some(u64::MAX), 0, &q, u32::MAX), None);
+        assert_eq!(refund(Some(u64::MAX), 0, &q, 1), Some(u64::from(u32::MAX) - 1));
+    }
+
+    #[test]
+    fn refund_never_below_fresh() {
+        let q = Quota::per_second(10);
+        let mut tat = None;
+        assert!(run(&q, &mut tat, 0, 5));
+        let back = refund(tat, 0, &q, 2);
+        assert_eq!(decide(back, 0, &q, 0).state.remaining, 7);
+        assert_eq!(refund(back, 0, &q, 50), None);
+        assert_eq!(refund(None, 0, &q, 1), None);
+    }
+}

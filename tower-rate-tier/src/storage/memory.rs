@@ -1,0 +1,472 @@
+//! In-process storage on [`DashMap`].
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::Duration;
+
+use dashmap::DashMap;
+use dashmap::mapref::entry::Entry;
+use smallvec::SmallVec;
+
+use super::{BandStates, Decision, MAX_BANDS, Storage, StorageError, StorageErrorKind, StorageKey};
+use crate::clock::{Clock, Nanos, SystemClock};
+use crate::gcra;
+use crate::quota::Quota;
+
+type Hasher = foldhash::fast::RandomState;
+type Key = Box<[u8]>;
+type KeyBuf = SmallVec<[u8; 96]>;
+
+const SHARDS: usize = 64;
+const DEFAULT_MAX_KEYS: usize = 1_000_000;
+const DEFAULT_GC_INTERVAL: Duration = Duration::from_secs(60);
+/// At the key cap, an inline sweep of expired keys runs at most this often
+/// (in the storage clock's time).
+const INLINE_SWEEP_EVERY_NS: u64 = 1_000_000_000;
+
+/// GCRA state in this process's memory.
+///
+/// * One TAT per key and band, updated atomically per key under a DashMap
+///   shard lock; a multi-band decision locks its one entry, so it is all or
+///   nothing.
+/// * The hot path neither allocates (keys are assembled on the stack; only a
+///   key seen for the first time is allocated) nor boxes a future: the runtime
+///   calls [`Storage::check_now`].
+/// * Expired keys are removed by a background task every
+///   [`gc_interval`](MemoryStorageBuilder::gc_interval) (default 60 s). The
+///   task starts with the first check made inside a tokio runtime (so building
+///   outside one never panics), sweeps on tokio's blocking pool one shard at a
+///   time (a check waits at most for one of 64 shards), and stops when the
+///   storage is dropped. [`MemoryStorage::sweep`] runs one pass by hand.
+/// * At most [`max_keys`](MemoryStorageBuilder::max_keys) keys (default
+///   1,000,000) are tracked. When a new key arrives at the cap, expired keys
+///   are reclaimed first (an inline sweep, at most once per second); if the
+///   storage is still full the new key is refused with a
+///   [`StorageErrorKind::Full`] error, which the layer answers according to
+///   its `OnStorageError` policy. Tracked keys are never evicted, so a flood of
+///   new identities cannot reset anybody's quota.
+///
+/// Clones share one map.
+///
+/// ```
+/// use tower_rate_tier::storage::MemoryStorage;
+///
+/// let storage = MemoryStorage::builder().max_keys(10_000).build();
+/// assert_eq!(storage.len(), 0);
+/// ```
+#[derive(Clone)]
+pub struct MemoryStorage {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    single: DashMap<Key, Nanos, Hasher>,
+    multi: DashMap<Key, Box<[Nanos]>, Hasher>,
+    len: AtomicUsize,
+    max_keys: usize,
+    gc_interval: Duration,
+    clock: OnceLock<Arc<dyn Clock>>,
+    gc_running: AtomicBool,
+    last_inline_sweep: AtomicU64,
+}
+
+/// Configures a [`MemoryStorage`].
+#[derive(Debug, Clone)]
+pub struct MemoryStorageBuilder {
+    max_keys: usize,
+    gc_interval: Duration,
+    clock: Option<Arc<dyn Clock>>,
+}
+
+impl Default for MemoryStorageBuilder {
+    fn default() -> Self {
+        MemoryStorageBuilder {
+            max_keys: DEFAULT_MAX_KEYS,
+            gc_interval: DEFAULT_GC_INTERVAL,
+            clock: None,
+        }
+    }
+}
+
+impl MemoryStorageBuilder {
+    /// The most keys tracked at once (default 1,000,000). A key is one user in
+    /// one tier of one limiter.
+    pub fn max_keys(mut self, max_keys: usize) -> Self {
+        self.max_keys = max_keys;
+        self
+    }
+
+    /// How often the background task removes expired keys (default 60 s;
+    /// at least 10 ms).
+    pub fn gc_interval(mut self, every: Duration) -> Self {
+        self.gc_interval = every.max(Duration::from_millis(10));
+        self
+    }
+
+    /// The clock of decisions and garbage collection. Without one, the
+    /// storage uses the clock of the first `RateTier` built with it, or the
+    /// [`SystemClock`].
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Some(Arc::new(clock));
+        self
+    }
+
+    /// The storage.
+    pub fn build(self) -> MemoryStorage {
+        let clock = OnceLock::new();
+        if let Some(c) = self.clock {
+            let _ = clock.set(c);
+        }
+        MemoryStorage {
+            inner: Arc::new(Inner {
+                single: new_map(),
+                multi: new_map(),
+                len: AtomicUsize::new(0),
+                max_keys: self.max_keys,
+                gc_interval: self.gc_interval,
+                clock,
+                gc_running: AtomicBool::new(false),
+                last_inline_sweep: AtomicU64::new(0),
+            }),
+        }
+    }
+}
+
+impl Default for MemoryStorage {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryStorage {
+    /// A storage with the defaults (1,000,000 keys, GC every 60 s).
+    pub fn new() -> Self {
+        MemoryStorageBuilder::default().build()
+    }
+
+    /// Configures a storage.
+    pub fn builder() -> MemoryStorageBuilder {
+        MemoryStorageBuilder::default()
+    }
+
+    /// How many keys are tracked now.
+    pub fn len(&self) -> usize {
+        self.inner.len.load(Ordering::Relaxed)
+    }
+
+    /// Whether no key is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Removes every expired key now; returns how many were removed.
+    pub fn sweep(&self) -> usize {
+        self.inner.sweep()
+    }
+
+    fn ensure_gc(&self) {
+        if self.inner.gc_running.load(Ordering::Relaxed) {
+            return;
+        }
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if self.inner.gc_running.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let weak = Arc::downgrade(&self.inner);
+        handle.spawn(gc_loop(weak, self.inner.gc_interval));
+    }
+
+    fn check_sync(&self, key: StorageKey<'_>, bands: &[Quota], cost: u32) -> Result<Decision, StorageError> {
+        self.ensure_gc();
+        let inner = &*self.inner;
+        let now = inner.now();
+        let kb = encode(key)?;
+        if let [quota] = bands {
+            inner.check_single(&kb, now, quota, cost)
+        } else {
+            inner.check_multi(&kb, now, bands, cost)
+        }
+    }
+
+    fn refund_sync(&self, key: StorageKey<'_>, bands: &[Quota], cost: u32) -> Result<(), StorageError> {
+        let inner = &*self.inner;
+        let now = inner.now();
+        let kb = encode(key)?;
+        if let [quota] = bands {
+            if let Some(mut tat) = inner.single.get_mut(&kb[..]) {
+                *tat = gcra::refund(Some(*tat), now, quota, cost).unwrap_or(now);
+            }
+        } else if let Some(mut tats) = inner.multi.get_mut(&kb[..]) {
+            if tats.len() == bands.len() {
+                for (tat, quota) in tats.iter_mut().zip(bands) {
+                    *tat = gcra::refund(Some(*tat), now, quota, cost).unwrap_or(now);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Inner {
+    fn now(&self) -> Nanos {
+        match self.clock.get() {
+            Some(clock) => clock.now(),
+            None => SystemClock.now(),
+        }
+    }
+
+    fn check_single(
+        &self,
+        kb: &[u8],
+        now: Nanos,
+        quota: &Quota,
+        cost: u32,
+    ) -> Result<Decision, StorageError> {
+        if let Some(mut tat) = self.single.get_mut(kb) {
+            let d = gcra::decide(Some(*tat), now, quota, cost);
+            if let (true, Some(new)) = (d.allowed, d.new_tat) {
+                *tat = new;
+            }
+            return Ok(one_band(d, now));
+        }
+        let d = gcra::decide(None, now, quota, cost);
+        if !d.allowed || d.new_tat.is_none() {
+            return Ok(one_band(d, now));
+        }
+        self.reserve_slot(now)?;
+        match self.single.entry(Box::from(kb)) {
+            Entry::Occupied(mut e) => {
+                // Another request inserted the key meanwhile: decide again
+                // against its state.
+                self.len.fetch_sub(1, Ordering::Relaxed);
+                let d = gcra::decide(Some(*e.get()), now, quota, cost);
+                if let (true, Some(new)) = (d.allowed, d.new_tat) {
+                    *e.get_mut() = new;
+                }
+                Ok(one_band(d, now))
+            }
+            Entry::Vacant(e) => {
+                if let Some(new) = d.new_tat {
+                    e.insert(new);
+                }
+                Ok(one_band(d, now))
+            }
+        }
+    }
+
+    fn check_multi(
+        &self,
+        kb: &[u8],
+        now: Nanos,
+        bands: &[Quota],
+        cost: u32,
+    ) -> Result<Decision, StorageError> {
+        if bands.len() > MAX_BANDS {
+            return Err(StorageError::new(StorageErrorKind::Other, "too many bands"));
+        }
+        let apply = |stored: Option<&[Nanos]>| -> (Decision, Option<Box<[Nanos]>>) {
+            let mut tats: SmallVec<[Option<Nanos>; MAX_BANDS]> = SmallVec::new();
+            match stored {
+                Some(s) if s.len() == bands.len() => tats.extend(s.iter().copied().map(Some)),
+                _ => tats.extend(bands.iter().map(|_| None)),
+            }
+            let (allowed, writes, states) = super::decide_bands(&tats, now, bands, cost);
+            let dirty = allowed && writes.iter().any(Option::is_some);
+            let new = dirty.then(|| {
+                writes
+                    .iter()
+                    .zip(&tats)
+                    .map(|(w, old)| w.or(*old).unwrap_or(now))
+                    .collect()
+            });
+            (
+                Decision {
+                    allowed,
+                    now,
+                    bands: states,
+                },
+                new,
+            )
+        };
+        if let Some(mut stored) = self.multi.get_mut(kb) {
+            let (decision, new) = apply(Some(&stored));
+            if let Some(new) = new {
+                *stored = new;
+            }
+            return Ok(decision);
+        }
+        let (decision, new) = apply(None);
+        if new.is_none() {
+            return Ok(decision);
+        }
+        self.reserve_slot(now)?;
+        match self.multi.entry(Box::from(kb)) {
+            Entry::Occupied(mut e) => {
+                self.len.fetch_sub(1, Ordering::Relaxed);
+                let (decision, new) = apply(Some(e.get()));
+                if let Some(new) = new {
+                    *e.get_mut() = new;
+                }
+                Ok(decision)
+            }
+            Entry::Vacant(e) => {
+                if let Some(new) = new {
+                    e.insert(new);
+                }
+                Ok(decision)
+            }
+        }
+    }
+
+    /// Takes one slot under the key cap, reclaiming expired keys first when
+    /// the cap is reached.
+    fn reserve_slot(&self, now: Nanos) -> Result<(), StorageError> {
+        if self.len.fetch_add(1, Ordering::Relaxed) < self.max_keys {
+            return Ok(());
+        }
+        self.len.fetch_sub(1, Ordering::Relaxed);
+        let last = self.last_inline_sweep.load(Ordering::Relaxed);
+        let due = last == 0 || now.saturating_sub(last) >= INLINE_SWEEP_EVERY_NS;
+        if due
+            && self
+                .last_inline_sweep
+                .compare_exchange(last, now.max(1), Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        {
+            self.sweep();
+            if self.len.fetch_add(1, Ordering::Relaxed) < self.max_keys {
+                return Ok(());
+            }
+            self.len.fetch_sub(1, Ordering::Relaxed);
+        }
+        tracing::warn!(
+            max_keys = self.max_keys,
+            "rate-limit memory storage is full; a new key was refused"
+        );
+        Err(StorageError::new(
+            StorageErrorKind::Full,
+            "the memory storage tracks `max_keys` keys; a new key was refused",
+        ))
+    }
+
+    fn sweep(&self) -> usize {
+        let now = self.now();
+        let mut removed = 0usize;
+        self.single.retain(|_, tat| {
+            let keep = !gcra::is_expired(*tat, now);
+            removed += usize::from(!keep);
+            keep
+        });
+        self.multi.retain(|_, tats| {
+            let keep = tats.iter().any(|tat| !gcra::is_expired(*tat, now));
+            removed += usize::from(!keep);
+            keep
+        });
+        self.len.fetch_sub(removed, Ordering::Relaxed);
+        removed
+    }
+}
+
+fn new_map<V>() -> DashMap<Key, V, Hasher> {
+    DashMap::with_capacity_and_hasher_and_shard_amount(0, Hasher::default(), SHARDS)
+}
+
+fn one_band(d: gcra::BandDecision, now: Nanos) -> Decision {
+    let mut bands = BandStates::new();
+    bands.push(d.state);
+    Decision {
+        allowed: d.allowed,
+        now,
+        bands,
+    }
+}
+
+/// `[namespace length][namespace][tier length][tier][user]`: unambiguous, and
+/// assembled on the stack for ids up to about 90 bytes.
+fn encode(key: StorageKey<'_>) -> Result<KeyBuf, StorageError> {
+    let (Ok(ns_len), Ok(tier_len)) = (u8::try_from(key.namespace.len()), u8::try_from(key.tier.len())) else {
+        return Err(StorageError::new(
+            StorageErrorKind::Other,
+            "namespace and tier names are limited to 255 bytes",
+        ));
+    };
+    let mut kb = KeyBuf::new();
+    kb.push(ns_len);
+    kb.extend_from_slice(key.namespace.as_bytes());
+    kb.push(tier_len);
+    kb.extend_from_slice(key.tier.as_bytes());
+    kb.extend_from_slice(key.user.as_bytes());
+    Ok(kb)
+}
+
+struct ResetOnDrop(Weak<Inner>);
+
+impl Drop for ResetOnDrop {
+    fn drop(&mut self) {
+        if let Some(inner) = self.0.upgrade() {
+            inner.gc_running.store(false, Ordering::Release);
+        }
+    }
+}
+
+async fn gc_loop(weak: Weak<Inner>, every: Duration) {
+    // If the runtime shuts down, the next check in another runtime restarts
+    // the task.
+    let _reset = ResetOnDrop(weak.clone());
+    loop {
+        tokio::time::sleep(every).await;
+        let Some(inner) = weak.upgrade() else {
+            return;
+        };
+        let swept = tokio::task::spawn_blocking(move || inner.sweep()).await;
+        if let Ok(n) = swept {
+            tracing::trace!(removed = n, "rate-limit memory storage swept expired keys");
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Storage for MemoryStorage {
+    async fn check(&self, key: StorageKey<'_>, bands: &[Quota], cost: u32) -> Result<Decision, StorageError> {
+        self.check_sync(key, bands, cost)
+    }
+
+    async fn refund(&self, key: StorageKey<'_>, bands: &[Quota], cost: u32) -> Result<(), StorageError> {
+        self.refund_sync(key, bands, cost)
+    }
+
+    fn check_now(
+        &self,
+        key: StorageKey<'_>,
+        bands: &[Quota],
+        cost: u32,
+    ) -> Option<Result<Decision, StorageError>> {
+        Some(self.check_sync(key, bands, cost))
+    }
+
+    fn refund_now(
+        &self,
+        key: StorageKey<'_>,
+        bands: &[Quota],
+        cost: u32,
+    ) -> Option<Result<(), StorageError>> {
+        Some(self.refund_sync(key, bands, cost))
+    }
+
+    fn use_clock(&self, clock: Arc<dyn Clock>) {
+        let _ = self.inner.clock.set(clock);
+    }
+}
+
+impl fmt::Debug for MemoryStorage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryStorage")
+            .field("len", &self.len())
+            .field("max_keys", &self.inner.max_keys)
+            .field("gc_interval", &self.inner.gc_interval)
+            .finish_non_exhaustive()
+    }
+}
