@@ -25,6 +25,8 @@
 //! [tower]: https://docs.rs/tower
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[doc(hidden)]
+pub mod __private;
 pub mod clock;
 pub mod gcra;
 pub mod quota;
@@ -32,6 +34,8 @@ pub mod storage;
 pub mod tier;
 
 pub use async_trait::async_trait;
+#[cfg(feature = "macros")]
+pub use tower_rate_tier_macros::rate_tiers;
 pub use quota::{IntoQuotas, Quota};
 pub use tier::{
     BuildError, CheckError, CheckResult, IntoTierName, OnMissing, RateLimitInfo, RateLimited, RateTier,
