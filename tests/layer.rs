@@ -949,3 +949,48 @@ async fn over_a_real_socket_with_a_real_client() {
     assert_eq!(r.headers()["x-ratelimit-remaining"], "90");
     server.abort();
 }
+
+#[tokio::test]
+async fn a_declaration_behind_a_conditional_layer_is_still_charged_exactly() {
+    // A cache-like layer answers some requests before the route's cost layer
+    // runs: the limiter learns "declares nothing" from those, and must still
+    // charge the declared cost when the declaration does run.
+    let clock = FakeClock::new();
+    let app = Router::new()
+        .route("/plain", get(|| async { "ok" }))
+        .route(
+            "/maybe",
+            get(|| async { "computed" })
+                .layer(tier_cost(5))
+                .layer(axum::middleware::from_fn(
+                    |req: Request<Body>, next: axum::middleware::Next| async move {
+                        if req.headers().contains_key("x-cached") {
+                            return http::Response::new(Body::from("cached"));
+                        }
+                        next.run(req).await
+                    },
+                )),
+        )
+        .layer(layer(&clock));
+    let cached = |user: &str| {
+        let mut r = req("GET", "/maybe", Some(user), None);
+        r.headers_mut().insert("x-cached", "1".parse().unwrap());
+        r
+    };
+    for _ in 0..3 {
+        let r = send(&app, cached("ada")).await;
+        assert_eq!(r.body, "cached");
+    }
+    assert_eq!(hit(&app, "GET", "/plain", "ada").await, (200, Some(6)));
+    let r = send(&app, req("GET", "/maybe", Some("ada"), None)).await;
+    assert_eq!(
+        (r.status, r.remaining(), &r.body[..]),
+        (StatusCode::OK, Some(1), &b"computed"[..])
+    );
+    let r = send(&app, req("GET", "/maybe", Some("ada"), None)).await;
+    assert_eq!(
+        (r.status, r.remaining()),
+        (StatusCode::TOO_MANY_REQUESTS, Some(1))
+    );
+    assert_eq!(hit(&app, "GET", "/plain", "ada").await, (200, Some(0)));
+}

@@ -183,7 +183,7 @@ where
                 Admission::Pass(charge) => {
                     let mut response = inner.call(Request::from_parts(parts, ReqB::from(bytes))).await?;
                     if let Some(charge) = charge {
-                        charge.finish(response.headers_mut());
+                        charge.finish(&mut response);
                     }
                     Ok(response)
                 }

@@ -102,6 +102,10 @@ struct ChargeState {
     charged: u32,
     source: Source,
     outcome: Outcome,
+    /// The limiter priced the request from what it learned of the route.
+    learned: bool,
+    /// The strongest route-level declaration seen, whatever came of it.
+    declared: Option<(u32, Source)>,
 }
 
 /// The limiter's handle on one request's charge, shared with route-level
@@ -142,6 +146,7 @@ impl Charge {
         charged: u32,
         source: Source,
         outcome: Outcome,
+        learned: bool,
     ) -> Self {
         Charge {
             shared,
@@ -152,6 +157,8 @@ impl Charge {
                 charged,
                 source,
                 outcome,
+                learned,
+                declared: None,
             }),
         }
     }
@@ -161,16 +168,24 @@ impl Charge {
     }
 
     /// Called by the limiter on the way out: adds the headers of the final
-    /// state, and learns the route's declared cost.
-    pub(crate) fn finish(&self, headers: &mut http::HeaderMap) {
+    /// state, and learns the route's declared cost (or that a route that
+    /// answered successfully declares none).
+    pub(crate) fn finish<B>(&self, response: &mut Response<B>) {
         let state = self.lock();
         if let Outcome::Admitted(info) = &state.outcome {
-            response::apply_info_headers(headers, info);
+            response::apply_info_headers(response.headers_mut(), info);
         }
-        if matches!(state.source, Source::RouteLayer | Source::Handler) {
-            if let Some((method, path)) = &self.route {
-                self.shared.learned.set(method, path, state.charged, state.source);
+        let Some((method, path)) = &self.route else {
+            return;
+        };
+        match state.declared {
+            // Learned also from refused requests, so that a cost above the
+            // burst is answered 403 at once next time.
+            Some((cost, source)) => self.shared.learned.set(method, path, cost, source),
+            None if state.source == Source::Default && !state.learned && response.status().is_success() => {
+                self.shared.learned.set(method, path, 1, Source::Default)
             }
+            None => {}
         }
     }
 
@@ -184,6 +199,9 @@ impl Charge {
     async fn settle(&self, declared: u32, source: Source) -> Result<(), Response<Bytes>> {
         let charged = {
             let mut state = self.lock();
+            if state.declared.is_none_or(|(_, s)| s <= source) {
+                state.declared = Some((declared, source));
+            }
             if source < state.source {
                 return Ok(());
             }
@@ -344,6 +362,77 @@ fn missing_limiter(cost: u32) -> Response<Bytes> {
     )
 }
 
+thread_local! {
+    /// The charges of the limiters whose inner service is being called or
+    /// polled on this thread, innermost last.
+    static SCOPE: std::cell::RefCell<SmallVec<[Arc<Charge>; 2]>> = const { std::cell::RefCell::new(SmallVec::new_const()) };
+}
+
+/// While alive, `charge` is visible to route-level cost declarations that
+/// run on this thread (inside the limiter's inner service).
+pub(crate) struct Scope(bool);
+
+impl Scope {
+    pub(crate) fn enter(charge: Option<&Arc<Charge>>) -> Scope {
+        let Some(charge) = charge else {
+            return Scope(false);
+        };
+        let entered = SCOPE
+            .try_with(|scope| scope.try_borrow_mut().map(|mut s| s.push(charge.clone())).is_ok())
+            .unwrap_or(false);
+        Scope(entered)
+    }
+}
+
+impl Drop for Scope {
+    fn drop(&mut self) {
+        if self.0 {
+            let _ = SCOPE.try_with(|scope| scope.try_borrow_mut().map(|mut s| s.pop()));
+        }
+    }
+}
+
+pin_project! {
+    /// Polls `future` with `charge` in [`Scope`].
+    pub(crate) struct InScope<F> {
+        #[pin]
+        future: F,
+        charge: Option<Arc<Charge>>,
+    }
+}
+
+impl<F> InScope<F> {
+    pub(crate) fn new(future: F, charge: Option<Arc<Charge>>) -> Self {
+        InScope { future, charge }
+    }
+}
+
+impl<F: Future> Future for InScope<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.project();
+        let _scope = Scope::enter(this.charge.as_ref());
+        this.future.poll(cx)
+    }
+}
+
+/// The charges a route-level declaration settles: those in the request
+/// extensions and those of the limiters running it on this thread.
+pub(crate) fn current_charges(extensions: &http::Extensions) -> Option<Charges> {
+    let mut charges = extensions.get::<Charges>().cloned().unwrap_or_default();
+    let _ = SCOPE.try_with(|scope| {
+        if let Ok(scope) = scope.try_borrow() {
+            for charge in scope.iter() {
+                if !charges.0.iter().any(|c| Arc::ptr_eq(c, charge)) {
+                    charges.0.push(charge.clone());
+                }
+            }
+        }
+    });
+    (!charges.0.is_empty()).then_some(charges)
+}
+
 /// Polls a future once; for futures that are known to complete at once (the
 /// in-memory storage decides without waiting).
 pub(crate) fn now_or_never<F: Future>(future: F) -> Option<F::Output> {
@@ -449,7 +538,7 @@ where
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        let charges = req.extensions().get::<Charges>().cloned();
+        let charges = current_charges(req.extensions());
         let cost = self.cost;
         if all_decide_now(charges.as_ref()) {
             let settled = now_or_never(settle_all(charges.as_ref(), cost, Source::RouteLayer));
@@ -541,7 +630,7 @@ impl<S: Send + Sync, const N: u32> axum::extract::FromRequestParts<S> for TierCo
         parts: &mut http::request::Parts,
         _state: &S,
     ) -> Result<Self, Self::Rejection> {
-        let charges = parts.extensions.get::<Charges>().cloned();
+        let charges = current_charges(&parts.extensions);
         match settle_all(charges.as_ref(), N, Source::Handler).await {
             Ok(()) => Ok(TierCostGuard),
             Err(refusal) => Err(refusal.map(axum::body::Body::from)),

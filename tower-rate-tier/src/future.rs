@@ -9,7 +9,7 @@ use std::task::{Context, Poll, ready};
 use http::Response;
 use pin_project_lite::pin_project;
 
-use crate::cost::Charge;
+use crate::cost::{Charge, Scope};
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
@@ -64,9 +64,13 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().kind.project() {
             KindProj::Inner { future, charge } => {
-                let mut response = ready!(future.poll(cx))?;
+                let polled = {
+                    let _scope = Scope::enter(charge.as_ref());
+                    future.poll(cx)
+                };
+                let mut response = ready!(polled)?;
                 if let Some(charge) = charge.take() {
-                    charge.finish(response.headers_mut());
+                    charge.finish(&mut response);
                 }
                 Poll::Ready(Ok(response))
             }

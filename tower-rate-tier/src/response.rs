@@ -43,6 +43,56 @@ fn num(n: u64) -> HeaderValue {
     HeaderValue::from(n)
 }
 
+/// Recently rendered header values, per thread: consecutive responses mostly
+/// repeat the same numbers (a limit, a reset second, a remaining count), and a
+/// clone of a cached value is a reference-count increment where rendering one
+/// is an allocation.
+struct ValueCache {
+    numbers: Vec<Option<(u64, HeaderValue)>>,
+    ratelimit: Vec<Option<((usize, u32, u64), HeaderValue)>>,
+}
+
+const CACHE_SLOTS: usize = 256;
+
+thread_local! {
+    static CACHE: std::cell::RefCell<ValueCache> = std::cell::RefCell::new(ValueCache {
+        numbers: vec![None; CACHE_SLOTS],
+        ratelimit: vec![None; CACHE_SLOTS],
+    });
+}
+
+fn slot(hash: u64) -> usize {
+    // Fibonacci hashing spreads nearby values over the slots.
+    (hash.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as usize % CACHE_SLOTS
+}
+
+fn cached<K: PartialEq + Copy>(
+    table: impl FnOnce(&mut ValueCache) -> &mut Vec<Option<(K, HeaderValue)>>,
+    key: K,
+    hash: u64,
+    render: impl FnOnce() -> Option<HeaderValue>,
+) -> Option<HeaderValue> {
+    CACHE
+        .try_with(|cache| {
+            let mut cache = cache.try_borrow_mut().ok()?;
+            let entry = table(&mut cache).get_mut(slot(hash))?;
+            if let Some((k, v)) = entry {
+                if *k == key {
+                    return Some(v.clone());
+                }
+            }
+            let value = render()?;
+            *entry = Some((key, value.clone()));
+            Some(value)
+        })
+        .ok()
+        .flatten()
+}
+
+fn cached_num(n: u64) -> HeaderValue {
+    cached(|c| &mut c.numbers, n, n, || Some(num(n))).unwrap_or_else(|| num(n))
+}
+
 /// A tier name as an RFC 8941 string: printable ASCII, with `"` and `\`
 /// escaped; anything else becomes `?`.
 fn push_sf_string(out: &mut String, name: &str) {
@@ -60,26 +110,26 @@ fn push_sf_string(out: &mut String, name: &str) {
     out.push('"');
 }
 
-fn push_item_name(out: &mut String, detail: &Detail, index: usize) {
-    if detail.tier.bands.len() == 1 {
-        push_sf_string(out, &detail.tier.name);
+fn push_item_name(out: &mut String, tier: &str, bands: usize, index: usize) {
+    if bands == 1 {
+        push_sf_string(out, tier);
     } else {
-        let mut name = String::with_capacity(detail.tier.name.len() + 3);
-        name.push_str(&detail.tier.name);
+        let mut name = String::with_capacity(tier.len() + 3);
+        name.push_str(tier);
         name.push('.');
         name.push_str(itoa::Buffer::new().format(index));
         push_sf_string(out, &name);
     }
 }
 
-/// The `RateLimit-Policy` value of a tier.
-pub(crate) fn policy_value(detail: &Detail) -> Option<HeaderValue> {
+/// The `RateLimit-Policy` value of a tier (computed once per tier).
+pub(crate) fn policy_value(name: &str, bands: &[crate::Quota]) -> Option<HeaderValue> {
     let mut out = String::with_capacity(32);
-    for (i, quota) in detail.tier.bands.iter().enumerate() {
+    for (i, quota) in bands.iter().enumerate() {
         if i > 0 {
             out.push_str(", ");
         }
-        push_item_name(&mut out, detail, i);
+        push_item_name(&mut out, name, bands.len(), i);
         out.push_str(";q=");
         out.push_str(itoa::Buffer::new().format(quota.burst()));
         out.push_str(";w=");
@@ -94,7 +144,7 @@ fn ratelimit_value(detail: &Detail) -> Option<HeaderValue> {
         if i > 0 {
             out.push_str(", ");
         }
-        push_item_name(&mut out, detail, i);
+        push_item_name(&mut out, &detail.tier.name, detail.tier.bands.len(), i);
         out.push_str(";r=");
         out.push_str(itoa::Buffer::new().format(state.remaining));
         out.push_str(";t=");
@@ -103,14 +153,26 @@ fn ratelimit_value(detail: &Detail) -> Option<HeaderValue> {
     HeaderValue::try_from(out).ok()
 }
 
-fn insert_common(headers: &mut HeaderMap, detail: &Detail, limit: u32, remaining: u32, reset_at: u64) {
-    headers.insert(X_RATELIMIT_LIMIT, num(u64::from(limit)));
-    headers.insert(X_RATELIMIT_REMAINING, num(u64::from(remaining)));
-    headers.insert(X_RATELIMIT_RESET, num(reset_at));
-    if let Some(v) = policy_value(detail) {
-        headers.insert(RATELIMIT_POLICY, v);
+fn cached_ratelimit(detail: &Detail) -> Option<HeaderValue> {
+    match detail.bands.as_slice() {
+        [band] => {
+            let t = secs_ceil(band.reset_after_ns);
+            let key = (std::sync::Arc::as_ptr(&detail.tier) as usize, band.remaining, t);
+            let hash = (key.0 as u64) ^ u64::from(band.remaining).rotate_left(20) ^ t.rotate_left(40);
+            cached(|c| &mut c.ratelimit, key, hash, || ratelimit_value(detail))
+        }
+        _ => ratelimit_value(detail),
     }
-    if let Some(v) = ratelimit_value(detail) {
+}
+
+fn insert_common(headers: &mut HeaderMap, detail: &Detail, limit: u32, remaining: u32, reset_at: u64) {
+    headers.insert(X_RATELIMIT_LIMIT, cached_num(u64::from(limit)));
+    headers.insert(X_RATELIMIT_REMAINING, cached_num(u64::from(remaining)));
+    headers.insert(X_RATELIMIT_RESET, cached_num(reset_at));
+    if let Some(v) = &detail.tier.policy_header {
+        headers.insert(RATELIMIT_POLICY, v.clone());
+    }
+    if let Some(v) = cached_ratelimit(detail) {
         headers.insert(RATELIMIT, v);
     }
 }

@@ -9,7 +9,7 @@ use http::request::Parts;
 use http::{Request, Response, StatusCode};
 use tower_service::Service;
 
-use crate::cost::{Charge, Charges, Outcome, Source, TierCost, now_or_never};
+use crate::cost::{Charge, Charges, InScope, Outcome, Scope, Source, TierCost, now_or_never};
 use crate::future::ResponseFuture;
 use crate::identity::{TierIdentity, client_ip};
 use crate::layer::{Identify, OnUnknownTier, RateLimitEvent, Shared};
@@ -73,7 +73,11 @@ where
                 // Everything completes at once: decide inline, box nothing.
                 return match now_or_never(self.shared.admit(&mut parts, identity)) {
                     Some(Admission::Pass(charge)) => {
-                        ResponseFuture::inner(self.inner.call(Request::from_parts(parts, body)), charge)
+                        let future = {
+                            let _scope = Scope::enter(charge.as_ref());
+                            self.inner.call(Request::from_parts(parts, body))
+                        };
+                        ResponseFuture::inner(future, charge)
                     }
                     Some(Admission::Refuse(response)) => ResponseFuture::refuse(response.map(ResB::from)),
                     None => ResponseFuture::refuse(crate::cost::internal_error().map(ResB::from)),
@@ -89,9 +93,13 @@ where
             let identity = shared.identify(&parts).await;
             match shared.admit(&mut parts, identity).await {
                 Admission::Pass(charge) => {
-                    let mut response = inner.call(Request::from_parts(parts, body)).await?;
+                    let future = {
+                        let _scope = Scope::enter(charge.as_ref());
+                        inner.call(Request::from_parts(parts, body))
+                    };
+                    let mut response = InScope::new(future, charge.clone()).await?;
                     if let Some(charge) = charge {
-                        charge.finish(response.headers_mut());
+                        charge.finish(&mut response);
                     }
                     Ok(response)
                 }
@@ -140,7 +148,8 @@ impl Shared {
                 Err(admission) => return admission,
             },
         };
-        let (cost, source) = self.edge_cost(parts);
+        let (cost, source, learned) = self.edge_cost(parts);
+        let declares_nothing = learned && source == Source::Default;
         match self.tiers.check_id(&user, tier, cost).await {
             Ok(Ok(info)) => {
                 let route = self.route_key(parts);
@@ -154,8 +163,23 @@ impl Shared {
                 } else {
                     source
                 };
-                let charge = Charge::new(self.clone(), user, tier, route, cost, source, outcome);
-                Admission::Pass(Some(self.attach(parts, charge)))
+                let charge = Arc::new(Charge::new(
+                    self.clone(),
+                    user,
+                    tier,
+                    route,
+                    cost,
+                    source,
+                    outcome,
+                    learned,
+                ));
+                if !declares_nothing {
+                    // Route-level declarations find the charge in the
+                    // extensions even across a task boundary; routes known
+                    // to declare nothing still see it in the thread's scope.
+                    self.attach(parts, &charge);
+                }
+                Admission::Pass(Some(charge))
             }
             Ok(Err(limited)) => Admission::Refuse(self.limited(&user, cost, &limited)),
             Err(CheckError::Storage(error)) => {
@@ -171,12 +195,21 @@ impl Shared {
     /// Lets a request through uncounted, still marking it as seen by a
     /// limiter (so route-level costs do not fail closed).
     fn bypass(self: &Arc<Self>, parts: &mut Parts, user: String, tier: TierId) -> Admission {
-        let charge = Charge::new(self.clone(), user, tier, None, 0, Source::Edge, Outcome::Bypass);
-        Admission::Pass(Some(self.attach(parts, charge)))
+        let charge = Arc::new(Charge::new(
+            self.clone(),
+            user,
+            tier,
+            None,
+            0,
+            Source::Edge,
+            Outcome::Bypass,
+            false,
+        ));
+        self.attach(parts, &charge);
+        Admission::Pass(Some(charge))
     }
 
-    fn attach(&self, parts: &mut Parts, charge: Charge) -> Arc<Charge> {
-        let charge = Arc::new(charge);
+    fn attach(&self, parts: &mut Parts, charge: &Arc<Charge>) {
         match parts.extensions.get_mut::<Charges>() {
             Some(charges) => charges.0.push(charge.clone()),
             None => {
@@ -185,24 +218,24 @@ impl Shared {
                 parts.extensions.insert(charges);
             }
         }
-        charge
     }
 
-    /// The cost known before the route runs, and who set it.
-    fn edge_cost(&self, parts: &Parts) -> (u32, Source) {
+    /// The cost known before the route runs, who set it, and whether it
+    /// was learned from earlier requests to the route.
+    fn edge_cost(&self, parts: &Parts) -> (u32, Source, bool) {
         if let Some(TierCost(cost)) = parts.extensions.get::<TierCost>() {
-            return (*cost, Source::Edge);
+            return (*cost, Source::Edge, false);
         }
         if let Some(cost) = self.cost_fn.as_ref().and_then(|f| f(parts)) {
-            return (cost, Source::Edge);
+            return (cost, Source::Edge, false);
         }
         #[cfg(feature = "axum")]
         if let Some(path) = parts.extensions.get::<axum::extract::MatchedPath>() {
-            if let Some(learned) = self.learned.get(&parts.method, path) {
-                return learned;
+            if let Some((cost, source)) = self.learned.get(&parts.method, path) {
+                return (cost, source, true);
             }
         }
-        (1, Source::Default)
+        (1, Source::Default, false)
     }
 
     #[cfg(feature = "axum")]
@@ -285,7 +318,10 @@ impl Shared {
             0,
             Source::Edge,
             Outcome::Bypass,
+            false,
         );
-        Some(self.attach(parts, charge))
+        let charge = Arc::new(charge);
+        self.attach(parts, &charge);
+        Some(charge)
     }
 }

@@ -339,6 +339,8 @@ pub(crate) struct TierEntry {
     /// The largest cost that can ever pass (the smallest burst).
     pub(crate) max_cost: u32,
     pub(crate) unlimited: bool,
+    /// The `RateLimit-Policy` header value, rendered once.
+    pub(crate) policy_header: Option<http::HeaderValue>,
 }
 
 /// An index into a [`RateTier`]'s tiers.
@@ -713,6 +715,7 @@ impl RateTierBuilder {
                 return Err(BuildError::DuplicateTier(name.into_owned()));
             }
             tiers.push(Arc::new(TierEntry {
+                policy_header: crate::response::policy_value(&name, &bands),
                 name: name.into(),
                 bands,
                 max_cost,
