@@ -34,10 +34,10 @@ pub mod storage;
 pub mod tier;
 
 pub use async_trait::async_trait;
-#[cfg(feature = "macros")]
-pub use tower_rate_tier_macros::rate_tiers;
 pub use quota::{IntoQuotas, Quota};
 pub use tier::{
     BuildError, CheckError, CheckResult, IntoTierName, OnMissing, RateLimitInfo, RateLimited, RateTier,
     RateTierBuilder, TierTable,
 };
+#[cfg(feature = "macros")]
+pub use tower_rate_tier_macros::rate_tiers;
