@@ -62,6 +62,16 @@ fn sat_u32(v: u128) -> u32 {
     u32::try_from(v).unwrap_or(u32::MAX)
 }
 
+/// `n / d` (`d > 0`), in `u64` when both fit: a `u128` division is a
+/// library call several times slower, and this is on every check.
+#[inline]
+fn div(n: u128, d: u128) -> u128 {
+    match (u64::try_from(n), u64::try_from(d)) {
+        (Ok(n), Ok(d)) => u128::from(n / d),
+        _ => n / d,
+    }
+}
+
 /// Decides one band: may a request of `cost` pass at `now`, given the stored
 /// TAT (`None` for a key never seen or expired)?
 ///
@@ -113,7 +123,7 @@ pub fn decide(tat: Option<Nanos>, now: Nanos, quota: &Quota, cost: u32) -> BandD
                 clamped
             },
             state: BandState {
-                remaining: sat_u32((tolerance - charged) / interval),
+                remaining: sat_u32(div(tolerance - charged, interval)),
                 reset_after_ns: sat_u64(charged),
                 retry_after_ns: 0,
             },
@@ -123,7 +133,7 @@ pub fn decide(tat: Option<Nanos>, now: Nanos, quota: &Quota, cost: u32) -> BandD
             allowed: false,
             new_tat: clamped,
             state: BandState {
-                remaining: sat_u32((tolerance - used) / interval),
+                remaining: sat_u32(div(tolerance - used, interval)),
                 reset_after_ns: sat_u64(used),
                 retry_after_ns: sat_u64(charged - tolerance).max(1),
             },

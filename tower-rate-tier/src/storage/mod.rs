@@ -25,8 +25,10 @@ mod memory;
 
 pub use memory::{MemoryStorage, MemoryStorageBuilder};
 
-/// The most bands one tier may have.
-pub const MAX_BANDS: usize = 8;
+/// The most bands one tier may have: one per period a [`Quota`] can name
+/// (second, minute, hour, day). Per-band states travel inline (no allocation
+/// per check), so this also bounds the size of every decision.
+pub const MAX_BANDS: usize = 4;
 
 /// Per-band states of one decision, in the order of the tier's bands.
 pub type BandStates = ArrayVec<BandState, MAX_BANDS>;
