@@ -351,7 +351,10 @@ fn build_error(builder: tower_rate_tier::RateTierBuilder) -> BuildError {
     }
 }
 
-fn every_bad_configuration() -> Vec<(fn() -> tower_rate_tier::RateTierBuilder, BuildError, &'static str)> {
+/// A configuration, the error it gives, and a part of that error's message.
+type BadConfiguration = (fn() -> tower_rate_tier::RateTierBuilder, BuildError, &'static str);
+
+fn every_bad_configuration() -> Vec<BadConfiguration> {
     vec![
         (
             || RateTier::builder(),
