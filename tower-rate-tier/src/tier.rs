@@ -33,6 +33,9 @@ use crate::gcra::BandState;
 use crate::quota::{IntoQuotas, Quota};
 use crate::storage::{BandStates, Decision, MAX_BANDS, MemoryStorage, Storage, StorageError, StorageKey};
 
+/// Up to this many tiers, a name is looked up by comparing, not hashing.
+const LINEAR_LOOKUP_MAX_TIERS: usize = 8;
+
 /// The longest user id [`RateTier::check`] accepts, in bytes.
 pub const MAX_USER_ID_LEN: usize = 1024;
 
@@ -382,6 +385,11 @@ impl RateTier {
         let id = self
             .resolve(tier)
             .ok_or_else(|| CheckError::UnknownTier(tier.to_owned()))?;
+        // The synchronous path first, outside any nested future: its result
+        // is then moved once, not once per future layer.
+        if let Some(done) = self.check_now(user, id, cost) {
+            return done;
+        }
         self.check_id(user, id, cost).await
     }
 
@@ -437,6 +445,11 @@ impl RateTier {
     }
 
     pub(crate) fn resolve(&self, tier: &str) -> Option<TierId> {
+        // A few names compare faster than they hash.
+        let tiers = &self.inner.tiers;
+        if tiers.len() <= LINEAR_LOOKUP_MAX_TIERS {
+            return tiers.iter().position(|t| *t.name == *tier).map(TierId);
+        }
         self.inner.by_name.get(tier).copied().map(TierId)
     }
 
