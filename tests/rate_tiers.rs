@@ -45,7 +45,13 @@ enum Internal {
 fn all_lists_the_tiers_in_declaration_order() {
     assert_eq!(
         Plan::ALL,
-        [Plan::Free, Plan::Pro, Plan::TeamPlus, Plan::Startup, Plan::Enterprise]
+        [
+            Plan::Free,
+            Plan::Pro,
+            Plan::TeamPlus,
+            Plan::Startup,
+            Plan::Enterprise
+        ]
     );
     assert_eq!(<Plan as TierTable>::all(), Plan::ALL);
     assert_eq!(Internal::ALL, [Internal::HTTPProbe, Internal::Batch2]);
@@ -68,7 +74,10 @@ fn quotas_are_the_configured_bands() {
     assert_eq!(Plan::Free.quotas(), [Quota::per_hour(100)]);
     assert_eq!(Plan::Pro.quotas(), [Quota::per_hour(5_000).with_burst(200)]);
     assert_eq!(Plan::TeamPlus.quotas(), [Quota::per_minute(600)]);
-    assert_eq!(Plan::Startup.quotas(), [Quota::per_second(5), Quota::per_day(10_000)]);
+    assert_eq!(
+        Plan::Startup.quotas(),
+        [Quota::per_second(5), Quota::per_day(10_000)]
+    );
     assert_eq!(Plan::Enterprise.quotas(), [Quota::unlimited()]);
     assert_eq!(Internal::Batch2.tier_quotas(), [Quota::per_minute(3)]);
     const PRO: &[Quota] = Plan::Pro.quotas();
@@ -84,7 +93,10 @@ fn parses_names_and_names_the_known_ones_on_error() {
     // The variant's own snake case is not a name when `name` is given.
     let error: ParseTierError = "team_plus".parse::<Plan>().unwrap_err();
     assert_eq!(error.name(), "team_plus");
-    assert_eq!(error.known(), ["free", "pro", "team-plus", "startup", "enterprise"]);
+    assert_eq!(
+        error.known(),
+        ["free", "pro", "team-plus", "startup", "enterprise"]
+    );
     assert_eq!(
         error.to_string(),
         "unknown tier `team_plus` (known tiers: `free`, `pro`, `team-plus`, `startup`, `enterprise`)"
@@ -92,7 +104,10 @@ fn parses_names_and_names_the_known_ones_on_error() {
     // Case matters, like in the limiter.
     assert!("Pro".parse::<Plan>().is_err());
     // A variant configured away is not known.
-    assert_eq!("gone".parse::<Internal>().unwrap_err().known(), ["http_probe", "batch2"]);
+    assert_eq!(
+        "gone".parse::<Internal>().unwrap_err().known(),
+        ["http_probe", "batch2"]
+    );
     let boxed: Box<dyn std::error::Error> = Box::new(error);
     assert!(boxed.to_string().starts_with("unknown tier"));
 }
@@ -120,7 +135,10 @@ fn the_default_tier_is_the_marked_one() {
 
 #[tokio::test]
 async fn the_builder_takes_every_tier_and_the_default() {
-    let tiers = RateTier::builder().tiers::<Plan>().clock(FakeClock::new()).build();
+    let tiers = RateTier::builder()
+        .tiers::<Plan>()
+        .clock(FakeClock::new())
+        .build();
     let names: Vec<&str> = tiers.tier_names().collect();
     assert_eq!(names.len(), 5);
     for &plan in Plan::ALL {

@@ -52,9 +52,12 @@ fn parse_cost(args: TokenStream, errors: &mut Errors) -> Option<u32> {
         errors.spanned(extra, "`#[tier_cost]` takes one cost: `#[tier_cost(5)]`");
     }
     let lit = match &first {
-        Expr::Lit(ExprLit { lit: Lit::Int(lit), .. }) => lit,
+        Expr::Lit(ExprLit {
+            lit: Lit::Int(lit), ..
+        }) => lit,
         Expr::Unary(syn::ExprUnary {
-            op: syn::UnOp::Neg(_), ..
+            op: syn::UnOp::Neg(_),
+            ..
         }) => {
             errors.spanned(&first, "a cost cannot be negative");
             return None;
@@ -71,7 +74,10 @@ fn parse_cost(args: TokenStream, errors: &mut Errors) -> Option<u32> {
     match lit.base10_parse::<u32>() {
         Ok(cost) => Some(cost),
         Err(_) => {
-            errors.spanned(lit, format_args!("a cost must fit in a `u32` (at most {})", u32::MAX));
+            errors.spanned(
+                lit,
+                format_args!("a cost must fit in a `u32` (at most {})", u32::MAX),
+            );
             None
         }
     }
@@ -98,7 +104,10 @@ fn check_handler(item: Item, errors: &mut Errors) -> Result<ItemFn, TokenStream>
     };
     let sig = &handler.sig;
     if sig.asyncness.is_none() {
-        errors.spanned(sig.fn_token, "`#[tier_cost]` goes on an `async fn` handler; add `async`");
+        errors.spanned(
+            sig.fn_token,
+            "`#[tier_cost]` goes on an `async fn` handler; add `async`",
+        );
     }
     if let Some(FnArg::Receiver(receiver)) = sig.inputs.first() {
         errors.spanned(

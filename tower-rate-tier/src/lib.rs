@@ -35,11 +35,11 @@ pub mod tier;
 mod tier_name;
 
 pub use async_trait::async_trait;
-#[cfg(feature = "macros")]
-pub use tower_rate_tier_macros::{rate_tiers, tier_cost};
 pub use quota::{IntoQuotas, Quota};
 pub use tier::{
     BuildError, CheckError, CheckResult, IntoTierName, OnMissing, RateLimitInfo, RateLimited, RateTier,
     RateTierBuilder, TierTable,
 };
 pub use tier_name::ParseTierError;
+#[cfg(feature = "macros")]
+pub use tower_rate_tier_macros::{rate_tiers, tier_cost};

@@ -13,7 +13,8 @@ use syn::{Attribute, Expr, ExprLit, Fields, Ident, ItemEnum, Lit, LitStr, Token,
 use crate::errors::Errors;
 
 /// The keys `#[tier(..)]` knows, for the "unknown key" message.
-const KEYS: &str = "`per_second`, `per_minute`, `per_hour`, `per_day`, `unlimited`, `burst`, `name`, `default`";
+const KEYS: &str =
+    "`per_second`, `per_minute`, `per_hour`, `per_day`, `unlimited`, `burst`, `name`, `default`";
 
 /// A `#[rate_tiers]` enum.
 pub(super) struct Input {
@@ -107,7 +108,10 @@ impl Input {
         // removed like the others.
         item.attrs.retain(|attr| {
             if attr.path().is_ident("tier") {
-                errors.spanned(attr, "`#[tier(..)]` goes on the variants of a `#[rate_tiers]` enum");
+                errors.spanned(
+                    attr,
+                    "`#[tier(..)]` goes on the variants of a `#[rate_tiers]` enum",
+                );
                 false
             } else {
                 true
@@ -239,7 +243,9 @@ impl Tier {
                 }
             }
             "name" => match value_of(&key, meta, "name = \"..\"", errors)? {
-                Some(Expr::Lit(ExprLit { lit: Lit::Str(lit), .. })) => self.name = Some(lit),
+                Some(Expr::Lit(ExprLit {
+                    lit: Lit::Str(lit), ..
+                })) => self.name = Some(lit),
                 Some(other) => errors.spanned(other, "expected a string literal: `name = \"..\"`"),
                 None => {}
             },
@@ -264,7 +270,12 @@ impl Tier {
 
 /// The `= value` of a key that needs one; a missing value is reported (and
 /// `None` returned) without stopping the parsing.
-fn value_of(key: &Ident, meta: &ParseNestedMeta<'_>, form: &str, errors: &mut Errors) -> syn::Result<Option<Expr>> {
+fn value_of(
+    key: &Ident,
+    meta: &ParseNestedMeta<'_>,
+    form: &str,
+    errors: &mut Errors,
+) -> syn::Result<Option<Expr>> {
     if meta.input.peek(Token![=]) {
         meta.input.parse::<Token![=]>()?;
         return meta.input.parse::<Expr>().map(Some);
@@ -299,9 +310,12 @@ fn parse_count(key: &str, expr: &Expr, errors: &mut Errors) -> Count {
     let span = expr.span();
     let invalid = Count { value: None, span };
     let lit = match expr {
-        Expr::Lit(ExprLit { lit: Lit::Int(lit), .. }) => lit,
+        Expr::Lit(ExprLit {
+            lit: Lit::Int(lit), ..
+        }) => lit,
         Expr::Unary(syn::ExprUnary {
-            op: syn::UnOp::Neg(_), ..
+            op: syn::UnOp::Neg(_),
+            ..
         }) => {
             errors.spanned(expr, format_args!("`{key}` cannot be negative"));
             return invalid;
@@ -312,7 +326,10 @@ fn parse_count(key: &str, expr: &Expr, errors: &mut Errors) -> Count {
         }
     };
     if !matches!(lit.suffix(), "" | "u32") {
-        errors.spanned(lit, format_args!("`{key}` is a `u32`: write it without a suffix or with `u32`"));
+        errors.spanned(
+            lit,
+            format_args!("`{key}` is a `u32`: write it without a suffix or with `u32`"),
+        );
         return invalid;
     }
     match lit.base10_parse::<u32>() {
@@ -321,7 +338,10 @@ fn parse_count(key: &str, expr: &Expr, errors: &mut Errors) -> Count {
             span,
         },
         Err(_) => {
-            errors.spanned(lit, format_args!("`{key}` must fit in a `u32` (at most {})", u32::MAX));
+            errors.spanned(
+                lit,
+                format_args!("`{key}` must fit in a `u32` (at most {})", u32::MAX),
+            );
             invalid
         }
     }

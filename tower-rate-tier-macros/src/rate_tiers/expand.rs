@@ -136,7 +136,7 @@ fn generate(input: &Input, mode: Mode) -> TokenStream {
 
             /// The tier's name, as configured in the limiter and parsed by
             /// `FromStr`.
-            #vis const fn name(self) -> &'static str {
+            #vis const fn name(self) -> &'static ::core::primitive::str {
                 match self {
                     #(#name_arms)*
                 }
@@ -162,7 +162,7 @@ fn generate(input: &Input, mode: Mode) -> TokenStream {
         impl ::core::str::FromStr for #ident {
             type Err = #private::ParseTierError;
 
-            fn from_str(#input_name: &str) -> ::core::result::Result<Self, Self::Err> {
+            fn from_str(#input_name: &::core::primitive::str) -> ::core::result::Result<Self, Self::Err> {
                 match #input_name {
                     #(#parse_arms)*
                     _ => ::core::result::Result::Err(#private::ParseTierError::new(#input_name, &[#(#known),*])),
@@ -176,7 +176,7 @@ fn generate(input: &Input, mode: Mode) -> TokenStream {
                 Self::ALL
             }
 
-            fn tier_name(self) -> &'static str {
+            fn tier_name(self) -> &'static ::core::primitive::str {
                 Self::name(self)
             }
 
@@ -197,7 +197,12 @@ fn with_derives(item: &ItemEnum) -> ItemEnum {
     for attr in item.attrs.iter().filter(|attr| attr.path().is_ident("derive")) {
         // A malformed `#[derive]` is the compiler's to report.
         if let Ok(paths) = attr.parse_args_with(Punctuated::<Path, Token![,]>::parse_terminated) {
-            derived.extend(paths.iter().filter_map(|path| path.segments.last()).map(|s| s.ident.to_string()));
+            derived.extend(
+                paths
+                    .iter()
+                    .filter_map(|path| path.segments.last())
+                    .map(|s| s.ident.to_string()),
+            );
         }
     }
     let missing: Vec<Path> = DERIVES
@@ -220,10 +225,14 @@ fn quotas(variant: &Variant, private: &TokenStream) -> TokenStream {
     if tier.unlimited.is_some() {
         return quote!(#private::Quota::unlimited());
     }
-    let burst = tier.burst.as_ref().and_then(|burst| burst.value.value).map(|burst| {
-        let burst = Literal::u32_unsuffixed(burst);
-        quote!(.with_burst(#burst))
-    });
+    let burst = tier
+        .burst
+        .as_ref()
+        .and_then(|burst| burst.value.value)
+        .map(|burst| {
+            let burst = Literal::u32_unsuffixed(burst);
+            quote!(.with_burst(#burst))
+        });
     let bands = tier.bands.iter().map(|band| {
         let constructor = Ident::new(band.unit.constructor(), Span::call_site());
         let count = Literal::u32_unsuffixed(band.count.value.unwrap_or(1));

@@ -18,7 +18,10 @@ impl Input {
             errors.spanned(generics, "a `#[rate_tiers]` enum cannot be generic");
         }
         if self.variants.is_empty() {
-            errors.spanned(&self.item.ident, "a `#[rate_tiers]` enum needs at least one variant");
+            errors.spanned(
+                &self.item.ident,
+                "a `#[rate_tiers]` enum needs at least one variant",
+            );
         }
 
         let mut names: HashMap<String, &Variant> = HashMap::new();
@@ -83,7 +86,10 @@ impl Tier {
             }
         }
         if let Some(burst) = self.burst.as_ref().filter(|burst| burst.value.value == Some(0)) {
-            errors.at(burst.value.span, "`burst` must be at least 1: a zero burst admits nothing");
+            errors.at(
+                burst.value.span,
+                "`burst` must be at least 1: a zero burst admits nothing",
+            );
         }
 
         if let Some(unlimited) = &self.unlimited {
@@ -91,7 +97,10 @@ impl Tier {
                 let bands: Vec<String> = self.bands.iter().map(|band| format!("`{}`", band.key)).collect();
                 errors.spanned(
                     unlimited,
-                    format_args!("`unlimited` cannot be combined with a band ({})", bands.join(", ")),
+                    format_args!(
+                        "`unlimited` cannot be combined with a band ({})",
+                        bands.join(", ")
+                    ),
                 );
             }
             if let Some(burst) = &self.burst {

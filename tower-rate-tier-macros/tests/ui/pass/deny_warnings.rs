@@ -1,0 +1,57 @@
+//! `#[rate_tiers]` adds no warning, even with the lints a careful library
+//! turns on.
+#![deny(
+    warnings,
+    missing_docs,
+    unreachable_pub,
+    missing_debug_implementations,
+    unused_qualifications
+)]
+
+use trt::{Quota, RateTier, TierTable, rate_tiers};
+
+/// The plans (public, documented).
+#[rate_tiers]
+pub enum Plan {
+    /// Free users.
+    #[tier(per_hour = 100, default)]
+    Free,
+    /// Paying users.
+    #[tier(per_hour = 5_000, burst = 200)]
+    Pro,
+    /// Teams.
+    #[tier(per_minute = 600, name = "team-plus")]
+    TeamPlus,
+    /// Two bands.
+    #[tier(per_second = 5, per_day = 10_000)]
+    Startup,
+    /// No limit.
+    #[tier(unlimited)]
+    Enterprise,
+}
+
+mod internal {
+    /// A private table: its items are as private as the enum, and unused
+    /// ones are no dead code.
+    #[trt::rate_tiers]
+    #[derive(Debug, Clone, Copy)]
+    pub(crate) enum Probe {
+        #[tier(per_second = 1)]
+        Health,
+        #[cfg(any())]
+        #[tier(per_second = 2, default)]
+        Gone,
+    }
+}
+
+fn main() {
+    assert_eq!(Plan::ALL.len(), 5);
+    assert_eq!(Plan::Pro.quotas(), [Quota::per_hour(5_000).with_burst(200)]);
+    assert_eq!("team-plus".parse::<Plan>(), Ok(Plan::TeamPlus));
+    assert_eq!(Plan::Enterprise.to_string(), "enterprise");
+    assert_eq!(Plan::default_tier(), Some(Plan::Free));
+    assert_eq!(internal::Probe::default_tier(), None);
+    assert_eq!(internal::Probe::Health.name(), "health");
+    let tiers = RateTier::builder().tiers::<Plan>().build();
+    assert_eq!(tiers.default_tier(), Some("free"));
+}
