@@ -144,3 +144,99 @@ fn rewrite(cost: u32, mut handler: ItemFn) -> ItemFn {
     handler.block.stmts.splice(0..0, prelude);
     handler
 }
+
+#[cfg(test)]
+mod tests {
+    use quote::quote;
+    use syn::ItemFn;
+
+    use super::*;
+
+    /// The expansion as a normalised string (this crate's tests see the
+    /// runtime under its dev-dependency name, `trt`).
+    fn expand_str(args: TokenStream, item: TokenStream) -> String {
+        let item: Item = syn::parse2(item).unwrap();
+        let expanded: ItemFn = syn::parse2(expand(args, item)).unwrap();
+        quote!(#expanded).to_string()
+    }
+
+    fn expected(item: TokenStream) -> String {
+        let item: ItemFn = syn::parse2(item).unwrap();
+        quote!(#item).to_string()
+    }
+
+    #[test]
+    fn merges_the_guard_into_the_first_argument() {
+        let got = expand_str(
+            quote!(5),
+            quote! {
+                /// Searches.
+                #[debug_handler(state = App)]
+                pub(crate) async fn search<B>(State(s): State<App>, Json(body): Json<B>) -> impl IntoResponse
+                where
+                    B: Send,
+                {
+                    body
+                }
+            },
+        );
+        let want = expected(quote! {
+            /// Searches.
+            #[debug_handler(state = App)]
+            pub(crate) async fn search<B>(
+                (__trt_cost, State(s)): (::trt::__private::TierCostGuard<5>, State<App>),
+                Json(body): Json<B>
+            ) -> impl IntoResponse
+            where
+                B: Send,
+            {
+                ::trt::__private::require_axum_feature!();
+                let _ = &__trt_cost;
+                body
+            }
+        });
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn a_handler_without_arguments_gets_the_guard_alone() {
+        let got = expand_str(
+            quote!(4_294_967_295u32),
+            quote!(
+                async fn ping() -> &'static str {
+                    "pong"
+                }
+            ),
+        );
+        let want = expected(quote! {
+            async fn ping(__trt_cost: ::trt::__private::TierCostGuard<4294967295>) -> &'static str {
+                ::trt::__private::require_axum_feature!();
+                let _ = &__trt_cost;
+                "pong"
+            }
+        });
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn a_single_body_extractor_becomes_a_tuple_whose_last_element_is_the_body() {
+        let got = expand_str(
+            quote!(0),
+            quote!(
+                async fn echo(mut body: String) -> String {
+                    body.push('!');
+                    body
+                }
+            ),
+        );
+        let want = expected(quote! {
+            async fn echo((__trt_cost, mut body): (::trt::__private::TierCostGuard<0>, String)) -> String {
+                ::trt::__private::require_axum_feature!();
+                let _ = &__trt_cost;
+                body.push('!');
+                body
+            }
+        });
+        assert_eq!(got, want);
+    }
+}
