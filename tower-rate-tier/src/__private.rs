@@ -4,6 +4,8 @@
 //! the name the user gave the dependency). Inside this crate, a test that
 //! uses the macros needs `extern crate self as tower_rate_tier;`.
 
+#[cfg(feature = "axum")]
+pub use crate::cost::TierCostGuard;
 pub use crate::quota::Quota;
 pub use crate::tier::{IntoTierName, TierTable};
 pub use crate::tier_name::ParseTierError;

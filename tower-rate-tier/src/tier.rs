@@ -196,6 +196,32 @@ macro_rules! outcome_accessors {
 outcome_accessors!(RateLimitInfo);
 outcome_accessors!(RateLimited);
 
+impl RateLimitInfo {
+    /// The state after `units` were given back (same instant): what a refund
+    /// of the storage did to every band.
+    pub(crate) fn refunded(&mut self, units: u32) {
+        if self.detail.tier.unlimited {
+            return;
+        }
+        let mut bands = self.detail.bands.clone();
+        for (state, quota) in bands.iter_mut().zip(self.detail.tier.bands.iter()) {
+            let interval = u128::from(quota.emission_interval_nanos());
+            let tolerance = interval * u128::from(quota.burst());
+            let used = u128::from(state.reset_after_ns).saturating_sub(interval * u128::from(units));
+            state.reset_after_ns = u64::try_from(used).unwrap_or(u64::MAX);
+            state.remaining = u32::try_from((tolerance - used.min(tolerance)) / interval).unwrap_or(u32::MAX);
+        }
+        let decision = Decision {
+            allowed: true,
+            now: self.detail.now,
+            bands,
+        };
+        if let Ok(info) = outcome(&self.detail.tier, decision) {
+            *self = info;
+        }
+    }
+}
+
 impl RateLimited {
     /// `Retry-After` in whole seconds, rounded up, never 0.
     pub fn retry_after_secs(&self) -> u64 {
@@ -400,6 +426,12 @@ impl RateTier {
     /// The configuration's clock.
     pub fn clock(&self) -> &Arc<dyn Clock> {
         &self.inner.clock
+    }
+
+    /// Whether the storage decides without waiting (see
+    /// [`Storage::decides_now`]).
+    pub(crate) fn decides_now(&self) -> bool {
+        self.inner.storage.decides_now()
     }
 
     pub(crate) fn resolve(&self, tier: &str) -> Option<TierId> {

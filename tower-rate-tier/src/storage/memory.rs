@@ -456,6 +456,10 @@ impl Storage for MemoryStorage {
         Some(self.refund_sync(key, bands, cost))
     }
 
+    fn decides_now(&self) -> bool {
+        true
+    }
+
     fn use_clock(&self, clock: Arc<dyn Clock>) {
         let _ = self.inner.clock.set(clock);
     }

@@ -26,7 +26,7 @@ mod memory;
 pub use memory::{MemoryStorage, MemoryStorageBuilder};
 
 /// The most bands one tier may have.
-pub const MAX_BANDS: usize = 8;
+pub const MAX_BANDS: usize = 4;
 
 /// Per-band states of one decision, in the order of the tier's bands.
 pub type BandStates = ArrayVec<BandState, MAX_BANDS>;
@@ -143,6 +143,13 @@ pub trait Storage: Send + Sync + fmt::Debug + 'static {
         None
     }
 
+    /// Whether [`check_now`](Self::check_now) and
+    /// [`refund_now`](Self::refund_now) always answer (`Some`). The layer then
+    /// decides requests inline, without boxing a future.
+    fn decides_now(&self) -> bool {
+        false
+    }
+
     /// Called by [`RateTierBuilder::clock`](crate::RateTierBuilder::clock)'s
     /// owner at build time with the tier configuration's clock. Backends that
     /// keep their own time (Redis) ignore it; the in-memory storage uses it for
@@ -178,6 +185,10 @@ impl<S: Storage + ?Sized> Storage for Arc<S> {
         cost: u32,
     ) -> Option<Result<(), StorageError>> {
         (**self).refund_now(key, bands, cost)
+    }
+
+    fn decides_now(&self) -> bool {
+        (**self).decides_now()
     }
 
     fn use_clock(&self, clock: Arc<dyn Clock>) {
