@@ -1,5 +1,5 @@
-//! `#[rate_tiers]` adds no warning, even with the lints a careful library
-//! turns on.
+//! `#[rate_tiers]` and `#[tier_cost]` add no warning, even with the lints a
+//! careful library turns on.
 #![deny(
     warnings,
     missing_docs,
@@ -8,7 +8,10 @@
     unused_qualifications
 )]
 
-use trt::{Quota, RateTier, TierTable, rate_tiers};
+use axum::Router;
+use axum::extract::State;
+use axum::routing::{get, post};
+use trt::{Quota, RateTier, TierIdentity, TierLimitLayer, TierTable, rate_tiers, tier_cost};
 
 /// The plans (public, documented).
 #[rate_tiers]
@@ -44,6 +47,35 @@ mod internal {
     }
 }
 
+/// The app's state.
+#[derive(Clone, Debug)]
+pub struct App {
+    greeting: &'static str,
+}
+
+/// A public, documented handler without arguments.
+#[tier_cost(0)]
+pub async fn health() -> &'static str {
+    "up"
+}
+
+/// State and a body extractor, checked by `debug_handler`.
+#[tier_cost(5)]
+#[axum::debug_handler(state = App)]
+pub(crate) async fn search(State(app): State<App>, body: String) -> String {
+    format!("{} {body}", app.greeting)
+}
+
+/// A generic handler with a where clause.
+#[tier_cost(2)]
+async fn echo<T>(State(_): State<T>, mut body: String) -> String
+where
+    T: Clone + Send + Sync + 'static,
+{
+    body.push('!');
+    body
+}
+
 fn main() {
     assert_eq!(Plan::ALL.len(), 5);
     assert_eq!(Plan::Pro.quotas(), [Quota::per_hour(5_000).with_burst(200)]);
@@ -52,6 +84,17 @@ fn main() {
     assert_eq!(Plan::default_tier(), Some(Plan::Free));
     assert_eq!(internal::Probe::default_tier(), None);
     assert_eq!(internal::Probe::Health.name(), "health");
+
     let tiers = RateTier::builder().tiers::<Plan>().build();
     assert_eq!(tiers.default_tier(), Some("free"));
+    let limiter = TierLimitLayer::new(tiers).identifier_fn(|headers| {
+        let user = headers.get("x-user")?.to_str().ok()?;
+        Some(TierIdentity::new(user, Plan::Pro))
+    });
+    let _app: Router = Router::new()
+        .route("/health", get(health))
+        .route("/search", post(search))
+        .route("/echo", post(echo::<App>))
+        .layer(limiter)
+        .with_state(App { greeting: "hello" });
 }

@@ -1,5 +1,5 @@
 //! The runtime is a dependency named `trt`, and the user's crate shadows
-//! every name a careless expansion would use: the expansion names only
+//! every name a careless expansion would use: the expansions name only
 //! `::core` and `::trt::__private`.
 #![no_implicit_prelude]
 #![allow(dead_code, non_camel_case_types)]
@@ -9,9 +9,11 @@ extern crate std as the_std;
 mod core {}
 mod std {}
 mod tower_rate_tier {}
+mod axum {}
 struct Quota;
 struct TierTable;
 struct ParseTierError;
+struct TierCostGuard;
 struct Option;
 struct Result;
 struct str;
@@ -33,6 +35,16 @@ enum Plan {
     Ok,
 }
 
+#[::trt::tier_cost(2)]
+async fn ping() -> &'static ::core::primitive::str {
+    "pong"
+}
+
+#[::trt::tier_cost(3)]
+async fn echo(body: ::the_std::string::String) -> ::the_std::string::String {
+    body
+}
+
 fn main() {
     use the_std::{assert, assert_eq};
     assert_eq!(Plan::ALL, [Plan::Free, Plan::Some, Plan::None]);
@@ -44,4 +56,8 @@ fn main() {
     );
     assert_eq!("none".parse::<Plan>(), ::core::result::Result::Ok(Plan::None));
     assert!("ok".parse::<Plan>().is_err());
+
+    let _app: ::axum::Router = ::axum::Router::new()
+        .route("/ping", ::axum::routing::get(ping))
+        .route("/echo", ::axum::routing::post(echo));
 }
