@@ -91,10 +91,11 @@ fn macro_app(clock: &FakeClock, calls: &Calls) -> Router {
 
 fn name_identity(headers: &HeaderMap) -> Option<TierIdentity> {
     let user = headers.get("x-user")?.to_str().ok()?;
-    let tier = match headers.get("x-tier").and_then(|tier| tier.to_str().ok()) {
-        Some(tier @ ("free" | "pro" | "enterprise")) => tier,
-        _ => "free",
-    };
+    let tier = headers
+        .get("x-tier")
+        .and_then(|tier| tier.to_str().ok())
+        .filter(|tier| ["free", "pro", "enterprise"].contains(tier))
+        .unwrap_or("free");
     Some(TierIdentity::new(user, tier))
 }
 

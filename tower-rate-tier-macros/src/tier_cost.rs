@@ -47,7 +47,7 @@ fn parse_cost(args: TokenStream, errors: &mut Errors) -> Option<u32> {
     };
     let mut exprs = exprs.into_iter();
     let first = exprs.next()?;
-    let extra: TokenStream = exprs.map(|expr| expr.into_token_stream()).collect();
+    let extra: TokenStream = exprs.map(ToTokens::into_token_stream).collect();
     if !extra.is_empty() {
         errors.spanned(extra, "`#[tier_cost]` takes one cost: `#[tier_cost(5)]`");
     }

@@ -281,7 +281,7 @@ fn value_of(
         return meta.input.parse::<Expr>().map(Some);
     }
     let wrong = skip_value(meta)?;
-    let what = wrong.as_ref().map_or(key.span(), |tokens| tokens.span());
+    let what = wrong.as_ref().map_or(key.span(), Spanned::span);
     errors.at(what, format_args!("`{key}` needs a value: `{form}`"));
     Ok(None)
 }
