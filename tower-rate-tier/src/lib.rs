@@ -44,6 +44,7 @@ pub mod response;
 mod service;
 pub mod storage;
 pub mod tier;
+mod tier_name;
 
 pub use async_trait::async_trait;
 #[cfg(feature = "buffered-body")]
@@ -58,5 +59,6 @@ pub use tier::{
     BuildError, CheckError, CheckResult, IntoTierName, OnMissing, RateLimitInfo, RateLimited, RateTier,
     RateTierBuilder, TierTable,
 };
+pub use tier_name::ParseTierError;
 #[cfg(feature = "macros")]
-pub use tower_rate_tier_macros::rate_tiers;
+pub use tower_rate_tier_macros::{rate_tiers, tier_cost};
