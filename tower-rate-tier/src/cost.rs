@@ -98,7 +98,7 @@ pub(crate) enum Outcome {
 }
 
 #[derive(Debug)]
-struct ChargeState {
+pub(crate) struct ChargeState {
     charged: u32,
     source: Source,
     outcome: Outcome,
@@ -137,29 +137,39 @@ fn route_str(key: &RouteKey) -> &str {
 #[derive(Clone, Default)]
 pub(crate) struct Charges(pub(crate) SmallVec<[Arc<Charge>; 2]>);
 
+impl ChargeState {
+    /// `charged` units charged at the limiter, set by `source`; `learned`
+    /// when priced from what the limiter learned of the route.
+    pub(crate) fn new(charged: u32, source: Source, outcome: Outcome, learned: bool) -> Self {
+        ChargeState {
+            charged,
+            source,
+            outcome,
+            learned,
+            declared: None,
+        }
+    }
+
+    /// Let through uncounted: nothing to settle, no headers.
+    pub(crate) fn bypass() -> Self {
+        ChargeState::new(0, Source::Edge, Outcome::Bypass, false)
+    }
+}
+
 impl Charge {
     pub(crate) fn new(
         shared: Arc<Shared>,
         user: String,
         tier: TierId,
         route: Option<(Method, RouteKey)>,
-        charged: u32,
-        source: Source,
-        outcome: Outcome,
-        learned: bool,
+        state: ChargeState,
     ) -> Self {
         Charge {
             shared,
             user,
             tier,
             route,
-            state: Mutex::new(ChargeState {
-                charged,
-                source,
-                outcome,
-                learned,
-                declared: None,
-            }),
+            state: Mutex::new(state),
         }
     }
 

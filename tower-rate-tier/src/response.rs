@@ -49,8 +49,11 @@ fn num(n: u64) -> HeaderValue {
 /// is an allocation.
 struct ValueCache {
     numbers: Vec<Option<(u64, HeaderValue)>>,
-    ratelimit: Vec<Option<((usize, u32, u64), HeaderValue)>>,
+    ratelimit: Vec<Option<(RateLimitKey, HeaderValue)>>,
 }
+
+/// A single-band `RateLimit` value: the tier (by address), `r` and `t`.
+type RateLimitKey = (usize, u32, u64);
 
 const CACHE_SLOTS: usize = 256;
 

@@ -9,7 +9,7 @@ use http::request::Parts;
 use http::{Request, Response, StatusCode};
 use tower_service::Service;
 
-use crate::cost::{Charge, Charges, InScope, Outcome, Scope, Source, TierCost, now_or_never};
+use crate::cost::{Charge, ChargeState, Charges, InScope, Outcome, Scope, Source, TierCost, now_or_never};
 use crate::future::ResponseFuture;
 use crate::identity::{TierIdentity, client_ip};
 use crate::layer::{Identify, OnUnknownTier, RateLimitEvent, Shared};
@@ -168,10 +168,7 @@ impl Shared {
                     user,
                     tier,
                     route,
-                    cost,
-                    source,
-                    outcome,
-                    learned,
+                    ChargeState::new(cost, source, outcome, learned),
                 ));
                 if !declares_nothing {
                     // Route-level declarations find the charge in the
@@ -195,16 +192,7 @@ impl Shared {
     /// Lets a request through uncounted, still marking it as seen by a
     /// limiter (so route-level costs do not fail closed).
     fn bypass(self: &Arc<Self>, parts: &mut Parts, user: String, tier: TierId) -> Admission {
-        let charge = Arc::new(Charge::new(
-            self.clone(),
-            user,
-            tier,
-            None,
-            0,
-            Source::Edge,
-            Outcome::Bypass,
-            false,
-        ));
+        let charge = Arc::new(Charge::new(self.clone(), user, tier, None, ChargeState::bypass()));
         self.attach(parts, &charge);
         Admission::Pass(Some(charge))
     }
@@ -310,16 +298,7 @@ impl Shared {
     /// limiter, so that route-level costs do not fail closed.
     fn pass_uncounted(self: &Arc<Self>, parts: &mut Parts) -> Option<Arc<Charge>> {
         let tier = self.tiers.default_id().unwrap_or(TierId(0));
-        let charge = Charge::new(
-            self.clone(),
-            String::new(),
-            tier,
-            None,
-            0,
-            Source::Edge,
-            Outcome::Bypass,
-            false,
-        );
+        let charge = Charge::new(self.clone(), String::new(), tier, None, ChargeState::bypass());
         let charge = Arc::new(charge);
         self.attach(parts, &charge);
         Some(charge)
