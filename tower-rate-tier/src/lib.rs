@@ -2,13 +2,29 @@
 //!
 //! SaaS APIs limit users by plan (free, pro, enterprise). This crate gives
 //! each plan a [`Quota`] (or several bands that must all admit a request),
-//! counts requests with the GCRA, keeps state in memory or in Redis, and
-//! (in the layer) answers 429 with the standard headers.
+//! counts requests with the GCRA ([`gcra`]), keeps the state in memory or in
+//! Redis ([`storage`]), and answers 429 with the standard headers
+//! ([`response`]).
+//!
+//! * [`RateTier`]: the tiers and their quotas, built with
+//!   [`RateTier::builder`] or from a `#[rate_tiers]` enum; it decides
+//!   ([`RateTier::check`]) and also works without HTTP.
+//! * [`TierLimitLayer`]: the tower layer. One router-wide layer identifies the
+//!   client ([`identity`]), resolves the tier ([`OnMissing`],
+//!   [`OnUnknownTier`]), charges the request's cost and refuses what does not
+//!   fit.
+//! * Costs ([`cost`]): [`#[tier_cost(n)]`](macro@tier_cost) on a handler, the
+//!   [`tier_cost(n)`](fn@tier_cost) route layer, a [`TierCost`] extension, or
+//!   [`TierLimitLayer::cost_fn`]; each is charged exactly once.
+//! * Macros (feature `macros`, default): [`#[rate_tiers]`](macro@rate_tiers)
+//!   turns an enum into a tier table, [`#[tier_cost]`](macro@tier_cost) gives
+//!   a handler its cost.
+//! * Tests: [`clock::FakeClock`] moves time by hand.
 //!
 //! ```
-//! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() {
-//! use tower_rate_tier::{Quota, RateTier};
+//! # #[cfg(feature = "axum")] {
+//! use axum::{Router, routing::get};
+//! use tower_rate_tier::{Quota, RateTier, TierIdentity, TierLimitLayer, tier_cost};
 //!
 //! let tiers = RateTier::builder()
 //!     .tier("free", Quota::per_minute(10))
@@ -16,11 +32,39 @@
 //!     .tier("enterprise", Quota::unlimited())
 //!     .default_tier("free")
 //!     .build();
+//! assert_eq!(tiers.quotas("pro"), Some(&[Quota::per_minute(100)][..]));
 //!
-//! let info = tiers.check("user-1", "free", 1).await.unwrap().unwrap();
-//! assert_eq!((info.limit, info.remaining), (10, 9));
+//! let app: Router = Router::new()
+//!     .route("/", get(|| async { "hello" }))                               // costs 1
+//!     .route("/search", get(|| async { "results" }).layer(tier_cost(5)))  // costs 5
+//!     .layer(TierLimitLayer::new(tiers.clone()).identifier_fn(|headers| {
+//!         let user = headers.get("x-user")?.to_str().ok()?;
+//!         let plan = headers.get("x-plan").and_then(|p| p.to_str().ok()).unwrap_or("free");
+//!         Some(TierIdentity::new(user, plan))
+//!     }));
+//! # let _ = app;
 //! # }
 //! ```
+//!
+//! The same decision without HTTP:
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! use tower_rate_tier::{Quota, RateTier};
+//!
+//! let tiers = RateTier::builder().tier("free", Quota::per_minute(10)).build();
+//!
+//! let info = tiers.check("user-1", "free", 3).await.unwrap().unwrap();
+//! assert_eq!((info.limit, info.remaining), (10, 7));
+//! let refused = tiers.check("user-1", "free", 8).await.unwrap().unwrap_err();
+//! assert_eq!(refused.remaining, 7); // a refused check consumes nothing
+//! # }
+//! ```
+//!
+//! The [README](https://github.com/tower-rate-tier/tower-rate-tier#readme)
+//! walks through identification, policies, headers, Redis and testing; the
+//! repository's `examples/` run as they are.
 //!
 //! [tower]: https://docs.rs/tower
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -62,3 +106,8 @@ pub use tier::{
 pub use tier_name::ParseTierError;
 #[cfg(feature = "macros")]
 pub use tower_rate_tier_macros::{rate_tiers, tier_cost};
+
+/// The README's code blocks, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;
