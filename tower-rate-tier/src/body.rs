@@ -15,6 +15,45 @@
 //! | larger than the limit (declared or streamed) | 413, identifier and inner service not called |
 //! | stalls longer than the timeout | 408 |
 //! | fails mid-stream | 400 |
+//!
+//! ```
+//! # #[cfg(feature = "axum")]
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! use axum::{Router, body::Body, routing::post};
+//! use bytes::Bytes;
+//! use http::{HeaderMap, Request, StatusCode};
+//! use tower::ServiceExt;
+//! use tower_rate_tier::{Quota, RateTier, TierIdentifier, TierIdentity, TierLimitLayer};
+//!
+//! /// The API key is the body's `key=` form field.
+//! struct KeyInBody;
+//!
+//! #[tower_rate_tier::async_trait]
+//! impl TierIdentifier for KeyInBody {
+//!     async fn identify(&self, _headers: &HeaderMap) -> Option<TierIdentity> {
+//!         None
+//!     }
+//!     async fn identify_with_body(&self, _headers: &HeaderMap, body: &Bytes) -> Option<TierIdentity> {
+//!         let key = std::str::from_utf8(body).ok()?.strip_prefix("key=")?;
+//!         Some(TierIdentity::new(key, "free"))
+//!     }
+//! }
+//!
+//! let tiers = RateTier::builder().tier("free", Quota::per_minute(1)).build();
+//! let app = Router::new()
+//!     .route("/", post(|body: String| async move { body })) // the body arrives intact
+//!     .layer(TierLimitLayer::new(tiers).identifier(KeyInBody).buffer_body(true).max_body_size(1024));
+//! let send = |body: String| app.clone().oneshot(Request::post("/").body(Body::from(body)).unwrap());
+//!
+//! assert_eq!(send("key=ada".into()).await.unwrap().status(), StatusCode::OK);
+//! assert_eq!(send("key=ada".into()).await.unwrap().status(), StatusCode::TOO_MANY_REQUESTS);
+//! assert_eq!(send("key=bob".into()).await.unwrap().status(), StatusCode::OK);
+//! assert_eq!(send("x".repeat(2048)).await.unwrap().status(), StatusCode::PAYLOAD_TOO_LARGE);
+//! # }
+//! # #[cfg(not(feature = "axum"))]
+//! # fn main() {}
+//! ```
 
 use std::fmt;
 use std::task::{Context, Poll};

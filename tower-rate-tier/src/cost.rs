@@ -22,6 +22,37 @@
 //! extension, then the cost function (when it returns `Some`), then
 //! `#[tier_cost]`, then the route layer, then the default of 1.
 //!
+//! ```
+//! # #[cfg(feature = "axum")]
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! use axum::{Router, body::Body, routing::get};
+//! use http::{Request, StatusCode};
+//! use tower::ServiceExt;
+//! use tower_rate_tier::{Quota, RateTier, TierIdentity, TierLimitLayer, clock::FakeClock, tier_cost};
+//!
+//! let tiers = RateTier::builder().tier("free", Quota::per_minute(10)).clock(FakeClock::new()).build();
+//! let app = Router::new()
+//!     .route("/", get(|| async { "hello" }))
+//!     .route("/search", get(|| async { "results" }).layer(tier_cost(5)))
+//!     .layer(TierLimitLayer::new(tiers).identifier_fn(|_| Some(TierIdentity::new("ada", "free"))));
+//! let call = |path: &'static str| {
+//!     let app = app.clone();
+//!     async move {
+//!         let response = app.oneshot(Request::get(path).body(Body::empty()).unwrap()).await.unwrap();
+//!         let remaining = response.headers()["x-ratelimit-remaining"].to_str().unwrap().to_owned();
+//!         (response.status(), remaining)
+//!     }
+//! };
+//! assert_eq!(call("/").await, (StatusCode::OK, "9".into()));
+//! assert_eq!(call("/search").await, (StatusCode::OK, "4".into())); // 5, charged once
+//! assert_eq!(call("/search").await, (StatusCode::TOO_MANY_REQUESTS, "4".into())); // costs nothing
+//! assert_eq!(call("/").await, (StatusCode::OK, "3".into()));
+//! # }
+//! # #[cfg(not(feature = "axum"))]
+//! # fn main() {}
+//! ```
+//!
 //! # How the exact charge works
 //!
 //! axum runs router-wide layers *outside* route layers, so the limiter

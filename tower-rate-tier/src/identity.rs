@@ -18,6 +18,30 @@
 //! [`TierLimitLayer::identifier_parts_fn`]: crate::TierLimitLayer::identifier_parts_fn
 //! [`TierLimitLayer::identifier`]: crate::TierLimitLayer::identifier
 //!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! use http::{HeaderMap, Request};
+//! use tower_rate_tier::{TierIdentifier, TierIdentity};
+//!
+//! struct ApiKeys;
+//!
+//! #[tower_rate_tier::async_trait]
+//! impl TierIdentifier for ApiKeys {
+//!     async fn identify(&self, headers: &HeaderMap) -> Option<TierIdentity> {
+//!         let key = headers.get("x-api-key")?.to_str().ok()?;
+//!         let plan = key.split_once('_')?.0; // a lookup in a real service
+//!         Some(TierIdentity::new(key, plan))
+//!     }
+//! }
+//!
+//! // The layer calls `identify_parts`, which defaults to `identify` on the headers.
+//! let (parts, ()) = Request::get("/").header("x-api-key", "pro_123").body(()).unwrap().into_parts();
+//! assert_eq!(ApiKeys.identify_parts(&parts).await, Some(TierIdentity::new("pro_123", "pro")));
+//! assert_eq!(ApiKeys.identify(&HeaderMap::new()).await, None);
+//! # }
+//! ```
+//!
 //! # Unidentified clients
 //!
 //! Under `OnMissing::UseDefault` an unidentified client is keyed by its peer

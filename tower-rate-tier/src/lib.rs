@@ -107,7 +107,8 @@ pub use tier_name::ParseTierError;
 #[cfg(feature = "macros")]
 pub use tower_rate_tier_macros::{rate_tiers, tier_cost};
 
-/// The README's code blocks, compiled and run as doc tests.
-#[cfg(doctest)]
+/// The README's code blocks, compiled and run as doc tests (they use the
+/// default features).
+#[cfg(all(doctest, feature = "macros", feature = "axum"))]
 #[doc = include_str!("../../README.md")]
 pub struct ReadmeDoctests;

@@ -11,6 +11,28 @@
 //!   full again (rounded up). Items of a multi-band tier are named
 //!   `"free.0"`, `"free.1"`, ...
 //!
+//! The layer adds these itself; the functions here serve your own
+//! [`on_limited`](crate::TierLimitLayer::on_limited) response or a front
+//! that is not HTTP middleware:
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! use tower_rate_tier::{Quota, RateTier, clock::FakeClock, response};
+//!
+//! let tiers = RateTier::builder().tier("free", Quota::per_minute(1)).clock(FakeClock::new()).build();
+//! tiers.check("ada", "free", 1).await.unwrap().unwrap();
+//! let limited = tiers.check("ada", "free", 1).await.unwrap().unwrap_err();
+//!
+//! let mut refusal = response::too_many_requests(&limited);
+//! response::apply_limited_headers(refusal.headers_mut(), &limited);
+//! assert_eq!(refusal.status(), 429);
+//! assert_eq!(refusal.headers()["retry-after"], "60");
+//! assert_eq!(refusal.headers()["ratelimit-policy"], r#""free";q=1;w=60"#);
+//! assert_eq!(refusal.headers()["ratelimit"], r#""free";r=0;t=60"#);
+//! # }
+//! ```
+//!
 //! A 429 carries the same fields, `Retry-After` (whole seconds, rounded up,
 //! never 0) and an RFC 9457 `application/problem+json` body with at least
 //! `tier` and `retry_after` members. Unlimited tiers get no rate-limit fields.
