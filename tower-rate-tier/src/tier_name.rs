@@ -6,6 +6,8 @@ use std::fmt;
 /// its tiers.
 ///
 /// ```
+/// # #[cfg(feature = "macros")]
+/// # fn main() {
 /// use tower_rate_tier::rate_tiers;
 ///
 /// #[rate_tiers]
@@ -20,6 +22,9 @@ use std::fmt;
 /// assert_eq!(error.name(), "gold");
 /// assert_eq!(error.known(), ["free", "pro"]);
 /// assert_eq!(error.to_string(), "unknown tier `gold` (known tiers: `free`, `pro`)");
+/// # }
+/// # #[cfg(not(feature = "macros"))]
+/// # fn main() {}
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ParseTierError {
