@@ -182,24 +182,25 @@ impl MemoryStorage {
     fn check_sync(&self, key: StorageKey<'_>, bands: &[Quota], cost: u32) -> Result<Decision, StorageError> {
         self.ensure_gc();
         let inner = &*self.inner;
-        let now = inner.now();
         let kb = encode(key)?;
         if let [quota] = bands {
-            inner.check_single(&kb, now, quota, cost)
+            inner.check_single(&kb, quota, cost)
         } else {
-            inner.check_multi(&kb, now, bands, cost)
+            inner.check_multi(&kb, bands, cost)
         }
     }
 
     fn refund_sync(&self, key: StorageKey<'_>, bands: &[Quota], cost: u32) -> Result<(), StorageError> {
         let inner = &*self.inner;
-        let now = inner.now();
         let kb = encode(key)?;
+        // The clock is read under the key's lock, as in a check.
         if let [quota] = bands {
             if let Some(mut tat) = inner.single.get_mut(&kb[..]) {
+                let now = inner.now();
                 *tat = gcra::refund(Some(*tat), now, quota, cost).unwrap_or(now);
             }
         } else if let Some(mut tats) = inner.multi.get_mut(&kb[..]) {
+            let now = inner.now();
             if tats.len() == bands.len() {
                 for (tat, quota) in tats.iter_mut().zip(bands) {
                     *tat = gcra::refund(Some(*tat), now, quota, cost).unwrap_or(now);
@@ -218,20 +219,21 @@ impl Inner {
         }
     }
 
-    fn check_single(
-        &self,
-        kb: &[u8],
-        now: Nanos,
-        quota: &Quota,
-        cost: u32,
-    ) -> Result<Decision, StorageError> {
+    /// The clock is read while the key's shard lock is held, so that the
+    /// decisions of one key see non-decreasing times: a reading taken before
+    /// the lock could be older than the key's last decision (its thread was
+    /// descheduled in between), and the GCRA's backwards-clock clamp would
+    /// then give back what that later decision charged.
+    fn check_single(&self, kb: &[u8], quota: &Quota, cost: u32) -> Result<Decision, StorageError> {
         if let Some(mut tat) = self.single.get_mut(kb) {
+            let now = self.now();
             let d = gcra::decide(Some(*tat), now, quota, cost);
             if let Some(new) = d.new_tat {
                 *tat = new;
             }
             return Ok(one_band(d, now));
         }
+        let now = self.now();
         let d = gcra::decide(None, now, quota, cost);
         if !d.allowed || d.new_tat.is_none() {
             return Ok(one_band(d, now));
@@ -242,6 +244,7 @@ impl Inner {
                 // Another request inserted the key meanwhile: decide again
                 // against its state.
                 self.len.fetch_sub(1, Ordering::Relaxed);
+                let now = self.now();
                 let d = gcra::decide(Some(*e.get()), now, quota, cost);
                 if let Some(new) = d.new_tat {
                     *e.get_mut() = new;
@@ -249,6 +252,8 @@ impl Inner {
                 Ok(one_band(d, now))
             }
             Entry::Vacant(e) => {
+                let now = self.now();
+                let d = gcra::decide(None, now, quota, cost);
                 if let Some(new) = d.new_tat {
                     e.insert(new);
                 }
@@ -257,17 +262,12 @@ impl Inner {
         }
     }
 
-    fn check_multi(
-        &self,
-        kb: &[u8],
-        now: Nanos,
-        bands: &[Quota],
-        cost: u32,
-    ) -> Result<Decision, StorageError> {
+    /// Like [`Inner::check_single`], with the clock read under the lock.
+    fn check_multi(&self, kb: &[u8], bands: &[Quota], cost: u32) -> Result<Decision, StorageError> {
         if bands.len() > MAX_BANDS {
             return Err(StorageError::new(StorageErrorKind::Other, "too many bands"));
         }
-        let apply = |stored: Option<&[Nanos]>| -> (Decision, Option<Box<[Nanos]>>) {
+        let apply = |stored: Option<&[Nanos]>, now: Nanos| -> (Decision, Option<Box<[Nanos]>>) {
             let mut tats: SmallVec<[Option<Nanos>; MAX_BANDS]> = SmallVec::new();
             match stored {
                 Some(s) if s.len() == bands.len() => tats.extend(s.iter().copied().map(Some)),
@@ -294,13 +294,14 @@ impl Inner {
             )
         };
         if let Some(mut stored) = self.multi.get_mut(kb) {
-            let (decision, new) = apply(Some(&stored));
+            let (decision, new) = apply(Some(&stored), self.now());
             if let Some(new) = new {
                 *stored = new;
             }
             return Ok(decision);
         }
-        let (decision, new) = apply(None);
+        let now = self.now();
+        let (decision, new) = apply(None, now);
         if new.is_none() {
             return Ok(decision);
         }
@@ -308,13 +309,14 @@ impl Inner {
         match self.multi.entry(Box::from(kb)) {
             Entry::Occupied(mut e) => {
                 self.len.fetch_sub(1, Ordering::Relaxed);
-                let (decision, new) = apply(Some(e.get()));
+                let (decision, new) = apply(Some(e.get()), self.now());
                 if let Some(new) = new {
                     *e.get_mut() = new;
                 }
                 Ok(decision)
             }
             Entry::Vacant(e) => {
+                let (decision, new) = apply(None, self.now());
                 if let Some(new) = new {
                     e.insert(new);
                 }
