@@ -26,9 +26,9 @@ async fn main() {
         max_keys: cap,
         legit_users: 10,
         legit_every: 100,
-        // a key lives 6 s, which hold 200,000 arrivals (twice the cap); the
-        // flood lasts 30 s of fake time, five key lifetimes
-        step: Duration::from_micros(30),
+        // a key lives 6 s, which hold 300,000 arrivals (three times the
+        // cap); the flood lasts 20 s of fake time, over three key lifetimes
+        step: Duration::from_micros(20),
     };
     let started = std::time::Instant::now();
     let r = flood::run(f).await;
@@ -37,7 +37,7 @@ async fn main() {
         f.identities,
         started.elapsed()
     );
-    let bound = cap_size * 1.25 + 1024.0 * 1024.0;
+    let bound = flood::heap_bound(cap_size);
     println!(
         "cap {cap} keys = {cap_size:.0} B ({per_key:.1} B/key); heap peak growth {} B = {:.2} x cap size (bound {bound:.0} B)",
         r.heap_peak_growth,

@@ -14,11 +14,12 @@ async fn main() {
         users: 1_000,
         quota: 100,
         close_every: 100,
+        rounds: 4,
     };
     let r = http_load::run(load).await;
     let grown = heap::delta(r.heap_before, r.heap_after);
     println!(
-        "{} requests in {:.2?} ({:.0}/s): {} ok, {} limited, {} errors; users admitted exactly {}: {}/{}; fds {} -> {}; live heap {} -> {} ({grown:+} B, peak {})",
+        "{} requests in {:.2?} ({:.0}/s): {} ok, {} limited, {} errors; users admitted exactly {}: {}/{}; fds {} -> {}; live heap {} -> {} ({grown:+} B, peak {}); after each round of 50,000: {:?}",
         load.requests,
         r.elapsed,
         load.requests as f64 / r.elapsed.as_secs_f64(),
@@ -33,6 +34,7 @@ async fn main() {
         r.heap_before,
         r.heap_after,
         r.heap_peak,
+        r.heap_after_rounds,
     );
     assert_eq!(r.errors, 0);
     assert!(r.fds_after <= r.fds_before + 2);

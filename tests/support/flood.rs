@@ -186,6 +186,20 @@ pub async fn run(flood: Flood) -> Report {
     report
 }
 
+/// The stated bound of the live heap a flood may add over its start:
+/// twice the cap's size plus 64 KiB.
+///
+/// `cap_size` is what exactly `max_keys` keys take in a fresh storage
+/// ([`bytes_per_key_ours`] × `max_keys`). The factor 2: at the cap, each
+/// shard's table is close to hashbrown's 7/8 load limit; a sweep leaves
+/// tombstones, and refilling over them makes hashbrown double the table
+/// (it rehashes in place only when less than half full). It never grows
+/// past that, since the cap keeps every shard under half of the doubled
+/// table.
+pub fn heap_bound(cap_size: f64) -> f64 {
+    2.0 * cap_size + 64.0 * 1024.0
+}
+
 /// The keys of a bytes-per-key measurement: `user-0000000`, ... (12 bytes).
 pub fn key(i: usize) -> String {
     format!("user-{i:07}")

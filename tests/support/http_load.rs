@@ -37,6 +37,9 @@ pub struct Load {
     /// One request in this many asks the server to close the connection,
     /// so that connections are opened and closed during the run.
     pub close_every: usize,
+    /// The measured phase is repeated this many times (each with a new
+    /// client), to tell a one-off growth (caches filling up) from a leak.
+    pub rounds: usize,
 }
 
 /// What a run measured.
@@ -52,12 +55,14 @@ pub struct Report {
     pub admitted_per_user: Vec<u32>,
     /// Open file descriptors before the load.
     pub fds_before: usize,
-    /// ... and after.
+    /// ... and after (the last round).
     pub fds_after: usize,
     /// Live heap bytes before the load.
     pub heap_before: usize,
-    /// ... and after.
+    /// ... and after (the last round).
     pub heap_after: usize,
+    /// Live heap bytes after each round.
+    pub heap_after_rounds: Vec<usize>,
     /// The highest live heap seen during the load (sampled by the client).
     pub heap_peak: usize,
     /// Wall time of the measured phase.
@@ -174,18 +179,32 @@ pub async fn run(load: Load) -> Report {
     let heap_before = heap::live_bytes();
 
     let started = Instant::now();
-    let (seen, heap_peak) = send_all(
-        addr,
-        load.users,
-        load.requests,
-        load.concurrency,
-        load.close_every,
-        warm,
-    )
-    .await;
+    let mut seen: HashMap<usize, (u32, u32, u32)> = HashMap::new();
+    let mut heap_peak = 0;
+    let mut heap_after_rounds = Vec::new();
+    let mut fds_after = fds_before;
+    for round in 0..load.rounds.max(1) {
+        let (round_seen, peak) = send_all(
+            addr,
+            load.users,
+            load.requests / load.rounds.max(1),
+            load.concurrency,
+            load.close_every,
+            warm + round * load.requests,
+        )
+        .await;
+        heap_peak = heap_peak.max(peak);
+        for (user, (a, l, e)) in round_seen {
+            let entry = seen.entry(user).or_default();
+            entry.0 += a;
+            entry.1 += l;
+            entry.2 += e;
+        }
+        fds_after = heap::settled_fds(Duration::from_secs(5)).await;
+        heap_after_rounds.push(heap::live_bytes());
+    }
     let elapsed = started.elapsed();
-    let fds_after = heap::settled_fds(Duration::from_secs(5)).await;
-    let heap_after = heap::live_bytes();
+    let heap_after = heap_after_rounds.last().copied().unwrap_or(heap_before);
 
     let _ = stop.send(());
     let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
@@ -199,6 +218,7 @@ pub async fn run(load: Load) -> Report {
         fds_after,
         heap_before,
         heap_after,
+        heap_after_rounds,
         heap_peak,
         elapsed,
     };
