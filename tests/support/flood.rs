@@ -64,6 +64,8 @@ pub struct Report {
     pub heap_peak_growth: usize,
     /// Keys tracked after the flood.
     pub len_after_flood: usize,
+    /// Live heap growth over `heap_before` right after the flood.
+    pub heap_growth_after_flood: i64,
     /// Keys tracked after the clock moved an hour on and the GC ran.
     pub len_after_gc: usize,
     /// Live heap growth over `heap_before` after the GC.
@@ -162,6 +164,7 @@ pub async fn run(flood: Flood) -> Report {
     report.heap_peak_growth = peak.saturating_sub(report.heap_before);
     report.fake_elapsed = Duration::from_nanos(clock.now() - start);
     report.len_after_flood = storage.len();
+    report.heap_growth_after_flood = heap::delta(report.heap_before, heap::live_bytes());
     let interval = QUOTA.emission_interval_nanos();
     report.legit_expected = legit_first
         .iter()
