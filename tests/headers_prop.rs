@@ -182,9 +182,12 @@ fn secs_ceil(ns: u128) -> u64 {
 
 // ---------------------------------------------------------------- RFC 8941
 
-/// An RFC 8941 list of string items with integer parameters:
-/// `[(name, [(key, value)])]`, or what is wrong with it.
-fn parse_sf_list(input: &str) -> Result<Vec<(String, Vec<(String, i64)>)>, String> {
+/// One list item: a string and its integer parameters.
+type Item = (String, Vec<(String, i64)>);
+
+/// An RFC 8941 list of string items with integer parameters, or what is
+/// wrong with it.
+fn parse_sf_list(input: &str) -> Result<Vec<Item>, String> {
     let b = input.as_bytes();
     let mut i = 0;
     let mut items = Vec::new();
@@ -300,7 +303,7 @@ fn run_case(
     let mut model = Model::new(bands);
     let mut now = u128::from(FakeClock::START_UNIX_SECS) * u128::from(SEC);
     // the policy: one item per band, q = burst, w = ceil(refill)
-    let expected_policy: Vec<(String, Vec<(String, i64)>)> = quotas
+    let expected_policy: Vec<Item> = quotas
         .iter()
         .enumerate()
         .map(|(i, q)| {
@@ -365,7 +368,7 @@ fn run_case(
         );
         let policy = parse_sf_list(&header("ratelimit-policy").unwrap_or_default());
         prop_assert_eq!(policy, Ok(expected_policy.clone()), "{}", ctx);
-        let expected_ratelimit: Vec<(String, Vec<(String, i64)>)> = states
+        let expected_ratelimit: Vec<Item> = states
             .iter()
             .enumerate()
             .map(|(i, st)| {
