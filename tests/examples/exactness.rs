@@ -52,20 +52,27 @@ async fn main() {
     );
     let r = exactness::run(&tiers, hammer).await;
     let rows = exactness::real_time_rows(&r, &shared, &own);
-    let over = rows.iter().filter(|row| row.1 > row.2).count();
-    let worst = rows.iter().map(|row| row.3).max().unwrap_or(0);
-    let exact = rows.iter().filter(|row| row.3 == 0).count();
+    let over = rows
+        .iter()
+        .filter(|row| row.admitted + row.left > row.bound)
+        .count();
+    let worst = rows.iter().map(|row| row.shortfall).max().unwrap_or(0);
+    let exact = rows.iter().filter(|row| row.shortfall == 0).count();
     println!(
-        "real time: {} checks in {:.2?}; shared key admitted {} of bound {} (span {:.3?}); own keys: bound {}..{}; keys over the bound: {over}; keys exactly at the bound: {exact}/65; worst shortfall {worst} (margin {})",
+        "real time: {} checks in {:.2?}; shared key admitted {} + {} left, bound {} (span {:.3?}); own keys: bound {}..{}; keys over the bound: {over}; keys with admitted + left == bound: {exact}/65; worst shortfall {worst} (margin {})",
         r.total_attempts(),
         r.elapsed,
-        rows[0].1,
-        rows[0].2,
+        rows[0].admitted,
+        rows[0].left,
+        rows[0].bound,
         r.shared.span(),
-        rows[1..].iter().map(|row| row.2).min().unwrap_or(0),
-        rows[1..].iter().map(|row| row.2).max().unwrap_or(0),
-        exactness::margin(rows[0].2),
+        rows[1..].iter().map(|row| row.bound).min().unwrap_or(0),
+        rows[1..].iter().map(|row| row.bound).max().unwrap_or(0),
+        exactness::margin(rows[0].bound),
     );
     assert_eq!(over, 0);
-    assert!(rows.iter().all(|row| row.3 <= exactness::margin(row.2)));
+    assert!(
+        rows.iter()
+            .all(|row| row.shortfall <= exactness::margin(row.bound))
+    );
 }

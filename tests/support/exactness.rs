@@ -5,8 +5,11 @@
 //! so the bound of each key is computed from the time span the storage itself
 //! saw: with burst `B` and emission interval `I`, GCRA can admit at most
 //! `B + floor(span / I)` requests in a span (the `+1` of clock granularity
-//! in the issue is not needed with the storage's own times), and, when
-//! requests never pause for longer than a full refill, exactly that many.
+//! in the issue is not needed with the storage's own times). What it did not
+//! admit is still in the bucket at the end (the `remaining` of the last
+//! decision) unless the bucket sat full for longer than a full refill, so
+//! `admitted + remaining at the end` equals the bound when requests never
+//! pause that long.
 //!
 //! [`RateLimitInfo::decided_at`]: tower_rate_tier::RateLimitInfo::decided_at
 
@@ -47,14 +50,17 @@ pub struct KeyStats {
     pub last_ns: u64,
     /// Checks that failed (storage errors); must stay 0.
     pub errors: u64,
+    /// `remaining` reported by the last decision (the least of those at
+    /// the last time).
+    pub last_remaining: u32,
 }
 
 impl KeyStats {
-    fn record(&mut self, at: u64, admitted: bool) {
+    fn record(&mut self, at: u64, admitted: bool, remaining: u32) {
         if self.attempts == 0 || at < self.first_ns {
             self.first_ns = at;
         }
-        self.last_ns = self.last_ns.max(at);
+        self.last(at, remaining);
         self.attempts += 1;
         self.admitted += u64::from(admitted);
     }
@@ -66,10 +72,18 @@ impl KeyStats {
         if self.attempts == 0 || other.first_ns < self.first_ns {
             self.first_ns = other.first_ns;
         }
-        self.last_ns = self.last_ns.max(other.last_ns);
+        self.last(other.last_ns, other.last_remaining);
         self.attempts += other.attempts;
         self.admitted += other.admitted;
         self.errors += other.errors;
+    }
+
+    fn last(&mut self, at: u64, remaining: u32) {
+        if at > self.last_ns || self.attempts == 0 {
+            (self.last_ns, self.last_remaining) = (at, remaining);
+        } else if at == self.last_ns {
+            self.last_remaining = self.last_remaining.min(remaining);
+        }
     }
 
     /// The time span of the key's decisions, as the storage saw it.
@@ -138,8 +152,8 @@ pub async fn run(tiers: &RateTier, hammer: Hammer) -> Report {
                     (own_user.as_str(), OWN_TIER, &mut own),
                 ] {
                     match tiers.check(user, tier, 1).await {
-                        Ok(Ok(info)) => stats.record(info.decided_at(), true),
-                        Ok(Err(limited)) => stats.record(limited.decided_at(), false),
+                        Ok(Ok(info)) => stats.record(info.decided_at(), true, info.remaining),
+                        Ok(Err(limited)) => stats.record(limited.decided_at(), false, limited.remaining),
                         Err(_) => stats.errors += 1,
                     }
                 }
@@ -165,19 +179,35 @@ pub async fn run(tiers: &RateTier, hammer: Hammer) -> Report {
     }
 }
 
-/// The checks of a run with real time, per key: `(admitted, bound,
-/// shortfall)` where the shortfall is `bound - admitted`.
-pub fn real_time_rows(report: &Report, shared: &Quota, own: &Quota) -> Vec<(String, u64, u64, u64)> {
+/// One key of a run with real time.
+#[derive(Debug, Clone)]
+pub struct Row {
+    /// The key's user id.
+    pub user: String,
+    /// Admitted checks.
+    pub admitted: u64,
+    /// What was left in the bucket at the last decision.
+    pub left: u64,
+    /// `B + floor(span / I)`.
+    pub bound: u64,
+    /// `bound - (admitted + left)`: tokens lost to the bucket sitting full.
+    pub shortfall: u64,
+}
+
+/// The keys of a run with real time, the shared one first.
+pub fn real_time_rows(report: &Report, shared: &Quota, own: &Quota) -> Vec<Row> {
     std::iter::once((&report.shared, shared))
         .chain(report.own.iter().map(|k| (k, own)))
         .map(|(k, q)| {
             let bound = k.bound(q);
-            (
-                k.user.clone(),
-                k.admitted,
+            let left = u64::from(k.last_remaining);
+            Row {
+                user: k.user.clone(),
+                admitted: k.admitted,
+                left,
                 bound,
-                bound.saturating_sub(k.admitted),
-            )
+                shortfall: bound.saturating_sub(k.admitted + left),
+            }
         })
         .collect()
 }
