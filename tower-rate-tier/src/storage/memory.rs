@@ -462,9 +462,19 @@ impl Inner {
                 removed += usize::from(!keep);
                 keep
             });
+            // Give memory back after a flood has gone: tables mostly empty
+            // are shrunk (shard by shard).
+            shrink_if_sparse(&scope.single);
+            shrink_if_sparse(&scope.multi);
         }
         self.len.fetch_sub(removed, Ordering::Relaxed);
         removed
+    }
+}
+
+fn shrink_if_sparse<V>(map: &DashMap<Key, V, Hasher>) {
+    if map.capacity() > 4 * map.len() + 4 * 1024 {
+        map.shrink_to_fit();
     }
 }
 
