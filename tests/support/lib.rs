@@ -1,1 +1,3 @@
 //! Shared helpers of the integration tests.
+
+pub mod redis;
