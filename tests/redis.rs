@@ -510,8 +510,9 @@ async fn restart_on_the_same_port_recovers_within_two_seconds() {
     // the restarted server is empty (no persistence): a fresh state, all
     // calls succeeding, under load too
     let (max, ok, errors) = under_load(&tiers, tokio::time::sleep(Duration::from_millis(300))).await;
+    // (a call slower than the timeout would be a Timeout error)
     assert!(errors.is_empty(), "{errors:?}");
-    assert!(ok > 0 && max < timeout, "{max:?}");
+    assert!(ok > 0, "no check passed after the restart (max latency {max:?})");
 }
 
 #[tokio::test]

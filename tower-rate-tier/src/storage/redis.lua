@@ -4,7 +4,8 @@
 -- script is the same arithmetic in integer microseconds.
 --
 -- KEYS[i]   the TAT of band i: integer microseconds since the Unix epoch, as
---           a decimal string. All keys of one call share one hash tag, so
+--           a decimal string (numbers are passed to redis.call as numbers:
+--           Redis converts them exactly, Lua's own tostring would not). All keys of one call share one hash tag, so
 --           Redis Cluster accepts the call.
 -- ARGV[1]   "c" (check: charge all bands or none) or "r" (refund).
 -- ARGV[2]   now in microseconds since the Unix epoch, or "" to read the
@@ -37,6 +38,7 @@ if n == 0 or #ARGV ~= 2 + 3 * n then
 end
 
 local EXACT = 9007199254740992 -- 2^53
+local floor, ceil, tonumber = math.floor, math.ceil, tonumber
 
 local now
 if ARGV[2] == "" then
@@ -54,44 +56,103 @@ if now == nil or now ~= now or now < 0 or now >= EXACT then
   return redis.error_reply("ERR tower-rate-tier: bad time")
 end
 
-local function fmt(x)
-  return string.format("%.0f", x)
-end
-
--- floor(a / b) for exact non-negative integers, immune to the rounding of
--- the double division.
-local function div(a, b)
-  local q = math.floor(a / b)
-  if q * b > a then
-    q = q - 1
+-- One band (the common case): the same arithmetic as below, without tables.
+if n == 1 and ARGV[1] == "c" then
+  local interval, tol, inc = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+  if interval == nil or tol == nil or inc == nil or interval < 1 or tol < interval or inc < 0 then
+    return redis.error_reply("ERR tower-rate-tier: bad band arguments")
   end
-  return q
-end
-
--- The stored TAT, or nil for a fresh (missing or malformed) state.
-local function tat_of(v)
-  local t = tonumber(v)
-  if t == nil or t ~= t or t < 0 or t >= EXACT or t ~= math.floor(t) then
-    return nil
+  -- a key of another type makes GET fail: pcall gives a table, a fresh state
+  local tat = redis.pcall("GET", KEYS[1])
+  if type(tat) == "string" then
+    tat = tonumber(tat)
+  else
+    tat = nil
   end
-  return t
+  local used, clamped = 0, false
+  if tat ~= nil and tat == tat and tat > now and tat < EXACT and tat == floor(tat) then
+    if tat > now + tol then
+      used, clamped = tol, true
+    else
+      used = tat - now
+    end
+  end
+  local charged = used + inc
+  local left, retry, write = tol - charged, 0, nil
+  if charged <= tol then
+    if inc > 0 or clamped then
+      write = charged
+    end
+    used = charged
+  else
+    if clamped then
+      write = tol
+    end
+    left, retry = tol - used, charged - tol
+  end
+  if write ~= nil then
+    redis.call("SET", KEYS[1], now + write, "PX", ceil(write / 1000) + 1)
+  end
+  local remaining = floor(left / interval)
+  if remaining * interval > left then
+    remaining = remaining - 1
+  end
+  if retry > 0 then
+    return { 0, now, remaining, used, retry }
+  end
+  return { 1, now, remaining, used, 0 }
 end
 
-local function band(i)
-  local b = 3 * i
-  return tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
-end
-
+-- Stored TATs; a missing key, a malformed value or a key of another type
+-- (MGET reads it as nil) is nil, a fresh state.
 local stored = redis.call("MGET", unpack(KEYS))
 
-if ARGV[1] == "r" then
+local refund = ARGV[1] == "r"
+local allowed = 1
+-- per band: interval, tolerance, increment, used, charged, clamped
+local bands = {}
+for i = 1, n do
+  local b = 3 * i
+  local interval, tol, inc = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
+  if interval == nil or tol == nil or inc == nil or interval < 0 or tol < interval or inc < 0 then
+    return redis.error_reply("ERR tower-rate-tier: bad band arguments")
+  end
+  local tat = stored[i]
+  if type(tat) ~= "string" then
+    tat = nil
+  else
+    tat = tonumber(tat)
+    if tat == nil or tat ~= tat or tat < 0 or tat >= EXACT or tat ~= floor(tat) then
+      tat = nil
+    end
+  end
+  local used, clamped = 0, false
+  if interval > 0 and tat ~= nil and tat > now then
+    if tat > now + tol then
+      used, clamped = tol, true
+    else
+      used = tat - now
+    end
+  end
+  local charged = used + inc
+  if interval > 0 and charged > tol then
+    allowed = 0
+  end
+  bands[i] = { interval, tol, inc, used, charged, clamped, tat }
+end
+
+if refund then
   for i = 1, n do
-    local interval, tol, inc = band(i)
-    local tat = tat_of(stored[i])
-    if interval and interval > 0 and tol and inc and tat then
-      local back = math.min(tat, now + tol) - inc
+    local band = bands[i]
+    local tat = band[7]
+    if band[1] > 0 and tat ~= nil then
+      local back = tat
+      if back > now + band[2] then
+        back = now + band[2]
+      end
+      back = back - band[3]
       if back > now then
-        redis.call("SET", KEYS[i], fmt(back), "PX", fmt(math.ceil((back - now) / 1000) + 1))
+        redis.call("SET", KEYS[i], back, "PX", ceil((back - now) / 1000) + 1)
       else
         redis.call("DEL", KEYS[i])
       end
@@ -100,54 +161,44 @@ if ARGV[1] == "r" then
   return { 1, now }
 end
 
-local allowed = 1
-local used = {}
-local charged = {}
-local clamped = {}
-for i = 1, n do
-  local interval, tol, inc = band(i)
-  if interval == nil or tol == nil or inc == nil or interval < 0 or tol < interval or inc < 0 then
-    return redis.error_reply("ERR tower-rate-tier: bad band arguments")
-  end
-  if interval > 0 then
-    local base = now
-    local tat = tat_of(stored[i])
-    if tat ~= nil and tat > now then
-      base = math.min(tat, now + tol)
-      clamped[i] = tat > now + tol
-    end
-    used[i] = base - now
-    charged[i] = used[i] + inc
-    if charged[i] > tol then
-      allowed = 0
-    end
-  end
-end
-
 local out = { allowed, now }
 for i = 1, n do
-  local interval, tol, inc = band(i)
+  local band = bands[i]
+  local interval, tol, inc, used, charged, clamped = band[1], band[2], band[3], band[4], band[5], band[6]
   local k = 3 * i
   if interval == 0 then
     out[k], out[k + 1], out[k + 2] = -1, 0, 0
-  elseif allowed == 1 then
-    -- charged (or, for a peek, the clamp written back)
-    local c = charged[i]
-    if inc > 0 or clamped[i] then
-      redis.call("SET", KEYS[i], fmt(now + c), "PX", fmt(math.ceil(c / 1000) + 1))
-    end
-    out[k], out[k + 1], out[k + 2] = div(tol - c, interval), c, 0
   else
-    -- denied: nothing charged; a band reports its unchanged state, with the
-    -- wait when it is one that denies, and writes back its clamp if any
-    if clamped[i] then
-      redis.call("SET", KEYS[i], fmt(now + tol), "PX", fmt(math.ceil(tol / 1000) + 1))
-    end
     local retry = 0
-    if charged[i] > tol then
-      retry = charged[i] - tol
+    local write = nil
+    local left
+    if allowed == 1 then
+      -- charged (or, for a peek, the clamp written back)
+      if inc > 0 or clamped then
+        write = charged
+      end
+      left = tol - charged
+      used = charged
+    else
+      -- denied: nothing charged; every band reports its unchanged state,
+      -- with the wait when it is one that denies, and writes back its clamp
+      if clamped then
+        write = tol
+      end
+      if charged > tol then
+        retry = charged - tol
+      end
+      left = tol - used
     end
-    out[k], out[k + 1], out[k + 2] = div(tol - used[i], interval), used[i], retry
+    if write ~= nil then
+      redis.call("SET", KEYS[i], now + write, "PX", ceil(write / 1000) + 1)
+    end
+    -- floor(left / interval), immune to the rounding of the division
+    local remaining = floor(left / interval)
+    if remaining * interval > left then
+      remaining = remaining - 1
+    end
+    out[k], out[k + 1], out[k + 2] = remaining, used, retry
   end
 end
 return out

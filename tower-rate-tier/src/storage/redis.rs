@@ -248,7 +248,7 @@ impl RedisStorageBuilder {
                 .set_min_delay(Duration::from_millis(1))
                 .set_max_delay(Duration::from_millis(10))
                 .set_connection_timeout(Some(self.timeout))
-                .set_response_timeout(None);
+                .set_response_timeout(Some(self.timeout));
             let conn = tokio::time::timeout(
                 connect_timeout,
                 ConnectionManager::new_with_config(client, config),
@@ -383,15 +383,14 @@ impl Inner {
     }
 
     fn command(&self, args: &Args, by_sha: bool) -> Cmd {
-        let mut cmd = if by_sha {
-            let mut cmd = redis::cmd("EVALSHA");
-            cmd.arg(&*self.sha);
-            cmd
+        let keys: usize = args.keys.iter().map(|k| k.len()).sum();
+        let size = if by_sha { 48 } else { SCRIPT.len() + 8 } + keys + 24 + 60 * args.spans.len();
+        let mut cmd = Cmd::with_capacity(5 + 4 * args.keys.len(), size);
+        if by_sha {
+            cmd.arg("EVALSHA").arg(&*self.sha);
         } else {
-            let mut cmd = redis::cmd("EVAL");
-            cmd.arg(SCRIPT);
-            cmd
-        };
+            cmd.arg("EVAL").arg(SCRIPT);
+        }
         cmd.arg(args.keys.len());
         for key in &args.keys {
             cmd.arg(&key[..]);
