@@ -30,13 +30,15 @@ pub fn redis_available() -> bool {
         if std::env::var_os("CI").is_some() {
             panic!("redis-server/redis-cli not found, and CI is set: the Redis tests must run in CI");
         }
-        eprintln!();
-        eprintln!("!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!");
-        eprintln!("!! SKIPPED: redis-server / redis-cli not found on PATH.               !!");
-        eprintln!("!! This Redis test did NOT run. Install them (apt-get install          !!");
-        eprintln!("!! redis-server redis-tools) to run it; in CI (CI set) it fails.       !!");
-        eprintln!("!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!");
-        eprintln!();
+        // Straight to the process's stderr: the test harness captures
+        // `eprintln!` of passing tests, and this must be seen.
+        let bang = "!".repeat(74);
+        let _ = writeln!(
+            std::io::stderr(),
+            "\n{bang}\n!! SKIPPED: redis-server / redis-cli not found on PATH: this Redis test\n\
+             !! did NOT run. Install them (apt-get install redis-server redis-tools)\n\
+             !! to run it; with CI set, a missing binary fails the test instead.\n{bang}\n"
+        );
     }
     available
 }
