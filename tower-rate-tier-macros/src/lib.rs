@@ -1,12 +1,111 @@
 //! Procedural macros for [`tower-rate-tier`](https://docs.rs/tower-rate-tier).
 //!
 //! Use them through the runtime crate's re-exports
-//! (`tower_rate_tier::rate_tiers`, `tower_rate_tier::tier_cost`).
+//! (`tower_rate_tier::rate_tiers`, `tower_rate_tier::tier_cost`): the
+//! expansions name that crate (found in your `Cargo.toml` even when the
+//! dependency is renamed) and `::core` only.
+//!
+//! Every misuse is reported as a compile error on the offending tokens, all
+//! independent mistakes of one item at once, and the item itself is still
+//! emitted (without the macros' helper attributes) so that the rest of the
+//! crate keeps compiling.
 
 use proc_macro::TokenStream;
 
-/// Turns an enum of plans into a checked tier table (placeholder: being built).
+mod errors;
+mod krate;
+mod rate_tiers;
+mod tier_cost;
+
+/// Turns an enum of plans into a tier table.
+///
+/// ```ignore
+/// use tower_rate_tier::{rate_tiers, Quota, RateTier};
+///
+/// #[rate_tiers]
+/// pub enum Plan {
+///     #[tier(per_hour = 100, default)]
+///     Free,
+///     #[tier(per_hour = 5_000, burst = 200)]
+///     Pro,
+///     #[tier(per_second = 10, per_day = 100_000, name = "team-plus")]
+///     TeamPlus,
+///     #[tier(unlimited)]
+///     Enterprise,
+/// }
+///
+/// assert_eq!(Plan::Pro.name(), "pro");
+/// assert_eq!(Plan::Pro.quotas(), [Quota::per_hour(5_000).with_burst(200)]);
+/// assert_eq!("team-plus".parse::<Plan>(), Ok(Plan::TeamPlus));
+/// let tiers = RateTier::builder().tiers::<Plan>().build();
+/// ```
+///
+/// # The `#[tier(..)]` attribute
+///
+/// Every variant is a unit variant with one `#[tier(..)]` attribute, whose
+/// keys are:
+///
+/// | key | meaning |
+/// | --- | --- |
+/// | `per_second = n`, `per_minute = n`, `per_hour = n`, `per_day = n` | a band: `n` requests per period (`n` a non-zero `u32` literal); several keys make a multi-band tier whose bands must all admit a request |
+/// | `unlimited` | no limit (instead of bands) |
+/// | `burst = n` | the burst of a one-band tier (default `n` of the band) |
+/// | `name = ".."` | the tier's name (default: the variant in snake case, `TeamPlus` -> `team_plus`; 1 to 255 bytes) |
+/// | `default` | the tier of unidentified clients (at most one variant) |
+///
+/// # What it generates
+///
+/// - the enum, with its attributes, doc comments and `#[cfg]`s kept and the
+///   `#[tier]` attributes removed, deriving those of `Clone`, `Copy`,
+///   `PartialEq`, `Eq`, `Hash` and `Debug` that its own `#[derive(..)]`
+///   does not list (do not implement them by hand);
+/// - with the enum's visibility: `const ALL: &'static [Self]` (declaration
+///   order), `const fn name(self) -> &'static str` and
+///   `const fn quotas(self) -> &'static [Quota]`;
+/// - `Display` (the name; width and alignment are honoured), and `FromStr`
+///   whose error, `tower_rate_tier::ParseTierError`, names the unknown name
+///   and the known tiers;
+/// - `tower_rate_tier::TierTable`, which `RateTierBuilder::tiers::<Plan>()`
+///   (every tier and the default) and `TierIdentity::new(user, Plan::Pro)`
+///   take.
 #[proc_macro_attribute]
-pub fn rate_tiers(_args: TokenStream, item: TokenStream) -> TokenStream {
-    item
+pub fn rate_tiers(args: TokenStream, item: TokenStream) -> TokenStream {
+    let item = syn::parse_macro_input!(item as syn::Item);
+    rate_tiers::expand(args.into(), item).into()
+}
+
+/// Gives an axum handler a cost, charged by the router-wide
+/// `TierLimitLayer` instead of the default 1.
+///
+/// ```ignore
+/// use axum::{extract::State, Json};
+/// use tower_rate_tier::tier_cost;
+///
+/// #[tier_cost(5)]
+/// async fn search(State(app): State<App>, Json(q): Json<Query>) -> Json<Hits> {
+///     /* .. */
+/// }
+/// ```
+///
+/// It takes one integer literal that fits a `u32` and goes on an `async fn`
+/// that is not a method (no `self`). The expansion merges an extractor that
+/// settles the charge into the handler's first argument, as a tuple
+/// (`(__trt_cost, State(app)): (TierCostGuard<5>, State<App>)`), so the
+/// handler keeps its arity (axum's limit of 16 extractors still holds) and
+/// the charge runs before any other extractor. `get(search)` works as
+/// before.
+///
+/// - Put `#[tier_cost]` above `#[debug_handler]`: `debug_handler` then
+///   checks the rewritten signature. As the first argument is a tuple,
+///   `debug_handler` cannot see a `State` inside it: name the state with
+///   `#[debug_handler(state = App)]`.
+/// - The function is meant to be routed, not called: a direct call must
+///   pass the tuple, and the guard is not public API. Keep logic you want to
+///   call directly in a plain function that the handler calls.
+/// - It needs the runtime crate's `axum` feature (default); without it the
+///   expansion is a compile error that says so.
+#[proc_macro_attribute]
+pub fn tier_cost(args: TokenStream, item: TokenStream) -> TokenStream {
+    let item = syn::parse_macro_input!(item as syn::Item);
+    tier_cost::expand(args.into(), item).into()
 }

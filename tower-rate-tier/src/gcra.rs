@@ -16,8 +16,10 @@
 //! All intermediate arithmetic is done in `u128`, so no input (nanoseconds
 //! near `u64::MAX`, day-long intervals, a cost near `u32::MAX`) can overflow.
 //! A stored TAT more than one full refill ahead of `now` (the clock moved
-//! backwards, or a foreign writer) is clamped to `now + τ`: a clock that moves
-//! backwards never locks anyone out for longer than one full refill.
+//! backwards, or a foreign writer) is clamped to `now + τ`, and the clamped TAT
+//! is written back whatever the outcome (see [`BandDecision::new_tat`]): a
+//! clock that moves backwards never locks anyone out for longer than one full
+//! refill.
 
 use crate::clock::Nanos;
 use crate::quota::Quota;
@@ -39,8 +41,13 @@ pub struct BandState {
 pub struct BandDecision {
     /// Whether this band admits the request.
     pub allowed: bool,
-    /// The TAT to store if the request is admitted by every band; `None` when
-    /// nothing needs writing (cost 0, or an unlimited band).
+    /// The TAT to store, or `None` when nothing needs writing. When the
+    /// request is admitted (by every band), the TAT after the charge. When the
+    /// stored TAT was more than one full refill ahead of `now` (the clock
+    /// moved backwards), the clamped TAT `now + τ`, also for a denied request
+    /// or a peek: the reported state does not change, but writing it back is
+    /// what bounds the lock-out to one full refill. Otherwise `None` for a
+    /// denied request, a peek (cost 0) and an unlimited band.
     pub new_tat: Option<Nanos>,
     /// The band's state after the decision (after the charge when admitted,
     /// unchanged when denied).
@@ -53,6 +60,16 @@ fn sat_u64(v: u128) -> u64 {
 
 fn sat_u32(v: u128) -> u32 {
     u32::try_from(v).unwrap_or(u32::MAX)
+}
+
+/// `n / d` (`d > 0`), in `u64` when both fit: a `u128` division is a
+/// library call several times slower, and this is on every check.
+#[inline]
+fn div(n: u128, d: u128) -> u128 {
+    match (u64::try_from(n), u64::try_from(d)) {
+        (Ok(n), Ok(d)) => u128::from(n / d),
+        _ => n / d,
+    }
 }
 
 /// Decides one band: may a request of `cost` pass at `now`, given the stored
@@ -87,21 +104,26 @@ pub fn decide(tat: Option<Nanos>, now: Nanos, quota: &Quota, cost: u32) -> BandD
     let interval = u128::from(quota.emission_interval_nanos());
     let tolerance = interval * u128::from(quota.burst());
     let now_w = u128::from(now);
+    let ceiling = now_w + tolerance;
+    let stored = tat.map_or(now_w, u128::from);
     // Clamp into [now, now + τ]: an expired TAT is a fresh state, a TAT from
-    // the future (backwards clock) is at worst an emptied burst.
-    let base = tat
-        .map(u128::from)
-        .unwrap_or(now_w)
-        .max(now_w)
-        .min(now_w + tolerance);
+    // the future (backwards clock) is at worst an emptied burst, and is
+    // written back clamped so that the clamp does not have to be repeated
+    // until the clock has caught up.
+    let clamped = (stored > ceiling).then(|| sat_u64(ceiling));
+    let base = stored.max(now_w).min(ceiling);
     let used = base - now_w;
     let charged = used + interval * u128::from(cost);
     if charged <= tolerance {
         BandDecision {
             allowed: true,
-            new_tat: (cost > 0).then(|| sat_u64(now_w + charged)),
+            new_tat: if cost > 0 {
+                Some(sat_u64(now_w + charged))
+            } else {
+                clamped
+            },
             state: BandState {
-                remaining: sat_u32((tolerance - charged) / interval),
+                remaining: sat_u32(div(tolerance - charged, interval)),
                 reset_after_ns: sat_u64(charged),
                 retry_after_ns: 0,
             },
@@ -109,9 +131,9 @@ pub fn decide(tat: Option<Nanos>, now: Nanos, quota: &Quota, cost: u32) -> BandD
     } else {
         BandDecision {
             allowed: false,
-            new_tat: None,
+            new_tat: clamped,
             state: BandState {
-                remaining: sat_u32((tolerance - used) / interval),
+                remaining: sat_u32(div(tolerance - used, interval)),
                 reset_after_ns: sat_u64(used),
                 retry_after_ns: sat_u64(charged - tolerance).max(1),
             },
@@ -157,12 +179,11 @@ mod tests {
 
     const S: u64 = 1_000_000_000;
 
+    /// Decides and stores as a storage does: whatever `new_tat` says.
     fn run(q: &Quota, tat: &mut Option<Nanos>, now: Nanos, cost: u32) -> bool {
         let d = decide(*tat, now, q, cost);
-        if d.allowed {
-            if let Some(t) = d.new_tat {
-                *tat = Some(t);
-            }
+        if let Some(t) = d.new_tat {
+            *tat = Some(t);
         }
         d.allowed
     }
@@ -216,7 +237,7 @@ mod tests {
     fn backwards_clock_is_bounded_by_one_refill() {
         let q = Quota::per_second(10);
         let mut tat = None;
-        let now = 100 * S;
+        let now = 10_000 * S;
         for _ in 0..10 {
             assert!(run(&q, &mut tat, now, 1));
         }
@@ -225,6 +246,19 @@ mod tests {
         let d = decide(tat, back, &q, 1);
         assert!(!d.allowed);
         assert_eq!(d.state.retry_after_ns, S / 10);
+        // the denied request writes the clamped TAT back, nothing more
+        assert_eq!(d.new_tat, Some(back + S));
+        assert!(!run(&q, &mut tat, back, 1));
+        assert!(!run(&q, &mut tat, back + S - 1, 10));
+        assert!(run(&q, &mut tat, back + S, 10));
+        // a peek clamps too
+        let mut tat = Some(now + S);
+        let peek = decide(tat, back, &q, 0);
+        assert_eq!(
+            (peek.allowed, peek.new_tat, peek.state.remaining),
+            (true, Some(back + S), 0)
+        );
+        assert!(run(&q, &mut tat, back, 0));
         assert!(run(&q, &mut tat, back + S, 10));
     }
 
@@ -236,7 +270,8 @@ mod tests {
         assert_eq!(d.new_tat, Some(u64::MAX));
         let d = decide(Some(u64::MAX), u64::MAX - 5, &Quota::per_second(1), u32::MAX);
         assert!(!d.allowed);
-        assert_eq!(d.state.retry_after_ns, u64::MAX);
+        // 5 ns used, u32::MAX seconds asked, 1 s of tolerance
+        assert_eq!(d.state.retry_after_ns, 5 + (u64::from(u32::MAX) - 1) * S);
         let q = Quota::per_second(u32::MAX);
         assert!(decide(None, u64::MAX, &q, u32::MAX).allowed);
         // a TAT far in the future is clamped to one refill before refunding

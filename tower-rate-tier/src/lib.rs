@@ -24,20 +24,41 @@
 //!
 //! [tower]: https://docs.rs/tower
 #![cfg_attr(docsrs, feature(doc_cfg))]
+// The outcome types carry every band's state inline (no allocation per
+// request), which makes them larger than clippy's default thresholds; the
+// nested `Result` shape of `RateTier::check` is the public contract.
+#![allow(clippy::result_large_err, clippy::large_enum_variant)]
 
 #[doc(hidden)]
 pub mod __private;
+#[cfg(feature = "buffered-body")]
+pub mod body;
 pub mod clock;
+pub mod cost;
+mod future;
 pub mod gcra;
+pub mod identity;
+mod layer;
 pub mod quota;
+pub mod response;
+mod service;
 pub mod storage;
 pub mod tier;
+mod tier_name;
 
 pub use async_trait::async_trait;
-#[cfg(feature = "macros")]
-pub use tower_rate_tier_macros::rate_tiers;
+#[cfg(feature = "buffered-body")]
+pub use body::{BufferedTierLimitLayer, BufferedTierLimitService};
+pub use cost::{TierCost, TierCostLayer, TierCostService, tier_cost};
+pub use future::ResponseFuture;
+pub use identity::{PeerAddr, TierIdentifier, TierIdentity};
+pub use layer::{OnStorageError, OnUnknownTier, RateLimitEvent, TierLimitLayer};
 pub use quota::{IntoQuotas, Quota};
+pub use service::TierLimitService;
 pub use tier::{
     BuildError, CheckError, CheckResult, IntoTierName, OnMissing, RateLimitInfo, RateLimited, RateTier,
     RateTierBuilder, TierTable,
 };
+pub use tier_name::ParseTierError;
+#[cfg(feature = "macros")]
+pub use tower_rate_tier_macros::{rate_tiers, tier_cost};

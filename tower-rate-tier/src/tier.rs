@@ -33,6 +33,9 @@ use crate::gcra::BandState;
 use crate::quota::{IntoQuotas, Quota};
 use crate::storage::{BandStates, Decision, MAX_BANDS, MemoryStorage, Storage, StorageError, StorageKey};
 
+/// Up to this many tiers, a name is looked up by comparing, not hashing.
+const LINEAR_LOOKUP_MAX_TIERS: usize = 8;
+
 /// The longest user id [`RateTier::check`] accepts, in bytes.
 pub const MAX_USER_ID_LEN: usize = 1024;
 
@@ -196,6 +199,32 @@ macro_rules! outcome_accessors {
 outcome_accessors!(RateLimitInfo);
 outcome_accessors!(RateLimited);
 
+impl RateLimitInfo {
+    /// The state after `units` were given back (same instant): what a refund
+    /// of the storage did to every band.
+    pub(crate) fn refunded(&mut self, units: u32) {
+        if self.detail.tier.unlimited {
+            return;
+        }
+        let mut bands = self.detail.bands.clone();
+        for (state, quota) in bands.iter_mut().zip(self.detail.tier.bands.iter()) {
+            let interval = u128::from(quota.emission_interval_nanos());
+            let tolerance = interval * u128::from(quota.burst());
+            let used = u128::from(state.reset_after_ns).saturating_sub(interval * u128::from(units));
+            state.reset_after_ns = u64::try_from(used).unwrap_or(u64::MAX);
+            state.remaining = u32::try_from((tolerance - used.min(tolerance)) / interval).unwrap_or(u32::MAX);
+        }
+        let decision = Decision {
+            allowed: true,
+            now: self.detail.now,
+            bands,
+        };
+        if let Ok(info) = outcome(&self.detail.tier, decision) {
+            *self = info;
+        }
+    }
+}
+
 impl RateLimited {
     /// `Retry-After` in whole seconds, rounded up, never 0.
     pub fn retry_after_secs(&self) -> u64 {
@@ -313,6 +342,8 @@ pub(crate) struct TierEntry {
     /// The largest cost that can ever pass (the smallest burst).
     pub(crate) max_cost: u32,
     pub(crate) unlimited: bool,
+    /// The `RateLimit-Policy` header value, rendered once.
+    pub(crate) policy_header: Option<http::HeaderValue>,
 }
 
 /// An index into a [`RateTier`]'s tiers.
@@ -354,6 +385,11 @@ impl RateTier {
         let id = self
             .resolve(tier)
             .ok_or_else(|| CheckError::UnknownTier(tier.to_owned()))?;
+        // The synchronous path first, outside any nested future: its result
+        // is then moved once, not once per future layer.
+        if let Some(done) = self.check_now(user, id, cost) {
+            return done;
+        }
         self.check_id(user, id, cost).await
     }
 
@@ -402,7 +438,18 @@ impl RateTier {
         &self.inner.clock
     }
 
+    /// Whether the storage decides without waiting (see
+    /// [`Storage::decides_now`]).
+    pub(crate) fn decides_now(&self) -> bool {
+        self.inner.storage.decides_now()
+    }
+
     pub(crate) fn resolve(&self, tier: &str) -> Option<TierId> {
+        // A few names compare faster than they hash.
+        let tiers = &self.inner.tiers;
+        if tiers.len() <= LINEAR_LOOKUP_MAX_TIERS {
+            return tiers.iter().position(|t| *t.name == *tier).map(TierId);
+        }
         self.inner.by_name.get(tier).copied().map(TierId)
     }
 
@@ -681,6 +728,7 @@ impl RateTierBuilder {
                 return Err(BuildError::DuplicateTier(name.into_owned()));
             }
             tiers.push(Arc::new(TierEntry {
+                policy_header: crate::response::policy_value(&name, &bands),
                 name: name.into(),
                 bands,
                 max_cost,

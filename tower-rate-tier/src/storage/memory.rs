@@ -227,7 +227,7 @@ impl Inner {
     ) -> Result<Decision, StorageError> {
         if let Some(mut tat) = self.single.get_mut(kb) {
             let d = gcra::decide(Some(*tat), now, quota, cost);
-            if let (true, Some(new)) = (d.allowed, d.new_tat) {
+            if let Some(new) = d.new_tat {
                 *tat = new;
             }
             return Ok(one_band(d, now));
@@ -243,7 +243,7 @@ impl Inner {
                 // against its state.
                 self.len.fetch_sub(1, Ordering::Relaxed);
                 let d = gcra::decide(Some(*e.get()), now, quota, cost);
-                if let (true, Some(new)) = (d.allowed, d.new_tat) {
+                if let Some(new) = d.new_tat {
                     *e.get_mut() = new;
                 }
                 Ok(one_band(d, now))
@@ -274,7 +274,9 @@ impl Inner {
                 _ => tats.extend(bands.iter().map(|_| None)),
             }
             let (allowed, writes, states) = super::decide_bands(&tats, now, bands, cost);
-            let dirty = allowed && writes.iter().any(Option::is_some);
+            // Admitted: the charges; denied: at most the clamps of TATs from a
+            // clock that moved backwards.
+            let dirty = writes.iter().any(Option::is_some);
             let new = dirty.then(|| {
                 writes
                     .iter()
@@ -329,7 +331,9 @@ impl Inner {
         }
         self.len.fetch_sub(1, Ordering::Relaxed);
         let last = self.last_inline_sweep.load(Ordering::Relaxed);
-        let due = last == 0 || now.saturating_sub(last) >= INLINE_SWEEP_EVERY_NS;
+        // A clock that moved back behind the last sweep makes one due at once
+        // (rather than only after the clock has caught up).
+        let due = last == 0 || now < last || now - last >= INLINE_SWEEP_EVERY_NS;
         if due
             && self
                 .last_inline_sweep
@@ -454,6 +458,10 @@ impl Storage for MemoryStorage {
         cost: u32,
     ) -> Option<Result<(), StorageError>> {
         Some(self.refund_sync(key, bands, cost))
+    }
+
+    fn decides_now(&self) -> bool {
+        true
     }
 
     fn use_clock(&self, clock: Arc<dyn Clock>) {

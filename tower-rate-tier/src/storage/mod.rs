@@ -30,8 +30,10 @@ pub mod redis;
 pub use self::redis::{RedisStorage, RedisStorageBuilder};
 pub use memory::{MemoryStorage, MemoryStorageBuilder};
 
-/// The most bands one tier may have.
-pub const MAX_BANDS: usize = 8;
+/// The most bands one tier may have: one per period a [`Quota`] can name
+/// (second, minute, hour, day). Per-band states travel inline (no allocation
+/// per check), so this also bounds the size of every decision.
+pub const MAX_BANDS: usize = 4;
 
 /// Per-band states of one decision, in the order of the tier's bands.
 pub type BandStates = ArrayVec<BandState, MAX_BANDS>;
@@ -148,6 +150,13 @@ pub trait Storage: Send + Sync + fmt::Debug + 'static {
         None
     }
 
+    /// Whether [`check_now`](Self::check_now) and
+    /// [`refund_now`](Self::refund_now) always answer (`Some`). The layer then
+    /// decides requests inline, without boxing a future.
+    fn decides_now(&self) -> bool {
+        false
+    }
+
     /// Called by [`RateTierBuilder::clock`](crate::RateTierBuilder::clock)'s
     /// owner at build time with the tier configuration's clock. Backends that
     /// keep their own time (Redis) ignore it; the in-memory storage uses it for
@@ -185,6 +194,10 @@ impl<S: Storage + ?Sized> Storage for Arc<S> {
         (**self).refund_now(key, bands, cost)
     }
 
+    fn decides_now(&self) -> bool {
+        (**self).decides_now()
+    }
+
     fn use_clock(&self, clock: Arc<dyn Clock>) {
         (**self).use_clock(clock)
     }
@@ -192,9 +205,11 @@ impl<S: Storage + ?Sized> Storage for Arc<S> {
 
 /// Decides all bands against their stored TATs, all or nothing: whether every
 /// band admits, the TAT to write per band (`None`: leave as is), and each
-/// band's state. When any band denies, nothing is to be written and every
-/// band reports its state unchanged. Shared by the backends that run the GCRA
-/// in process.
+/// band's state. When any band denies, nothing is charged and every band
+/// reports its state unchanged; the only writes left are the clamps of TATs
+/// more than a full refill ahead (a clock that moved backwards, see
+/// [`BandDecision::new_tat`](crate::gcra::BandDecision::new_tat)). Shared by
+/// the backends that run the GCRA in process.
 pub(crate) fn decide_bands(
     tats: &[Option<Nanos>],
     now: Nanos,
@@ -211,10 +226,13 @@ pub(crate) fn decide_bands(
         states.push(d.state);
     }
     if !allowed {
-        writes.iter_mut().for_each(|w| *w = None);
-        for ((state, tat), quota) in states.iter_mut().zip(tats).zip(bands) {
+        // A band that denied wrote at most its clamp; one that would have
+        // admitted reports (and clamps) as a peek.
+        for (((state, write), tat), quota) in states.iter_mut().zip(writes.iter_mut()).zip(tats).zip(bands) {
             if state.retry_after_ns == 0 {
-                *state = crate::gcra::decide(*tat, now, quota, 0).state;
+                let peek = crate::gcra::decide(*tat, now, quota, 0);
+                *state = peek.state;
+                *write = peek.new_tat;
             }
         }
     }

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Instructions per request added by each limiter, counted by callgrind:
+# (instructions at 2N requests - at N requests) / N, minus the same for the
+# router without a limiter. Usage: benches/overhead/run.sh [N]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+n=${1:-20000}
+cargo bench -p tower-rate-tier-overhead --no-run >/dev/null 2>&1
+bin=$(cargo bench -p tower-rate-tier-overhead --no-run --message-format=json 2>/dev/null \
+  | grep -o '"executable":"[^"]*overhead[^"]*"' | head -1 | cut -d'"' -f4)
+count() {
+  valgrind --tool=callgrind --callgrind-out-file=/dev/null "$bin" "$1" "$2" 2>&1 \
+    | sed -n 's/.*Collected : \([0-9]*\).*/\1/p'
+}
+declare -A per
+for mode in none ours governor; do
+  a=$(count "$mode" "$n"); b=$(count "$mode" $((2 * n)))
+  per[$mode]=$(( (b - a) / n ))
+done
+printf '%-10s %14s %14s\n' mode "instr/request" "added/request"
+for mode in none ours governor; do
+  printf '%-10s %14d %14d\n' "$mode" "${per[$mode]}" $(( ${per[$mode]} - ${per[none]} ))
+done
+ours=$(( ${per[ours]} - ${per[none]} )); gov=$(( ${per[governor]} - ${per[none]} ))
+awk -v o="$ours" -v g="$gov" 'BEGIN { printf "ours / tower_governor = %.2f\n", o / g }'

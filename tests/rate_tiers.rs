@@ -1,0 +1,162 @@
+//! `#[rate_tiers]` as a user sees it: the enum's tables, parsing, display,
+//! and the limiter built from it.
+
+use std::collections::HashSet;
+
+use tower_rate_tier::clock::FakeClock;
+use tower_rate_tier::{ParseTierError, Quota, RateTier, TierTable, rate_tiers};
+
+/// The plans of the API contract.
+#[rate_tiers]
+#[derive(PartialOrd, Ord)]
+pub enum Plan {
+    /// Anonymous and free users.
+    #[tier(per_hour = 100, default)]
+    Free,
+    /// Paying users.
+    #[tier(per_hour = 5_000, burst = 200)]
+    Pro,
+    /// Teams, under a name of their own.
+    #[tier(per_minute = 600, name = "team-plus")]
+    TeamPlus,
+    /// Two bands: a short burst limit and a daily cap.
+    #[tier(per_second = 5, per_day = 10_000)]
+    Startup,
+    /// No limit.
+    #[tier(unlimited)]
+    Enterprise,
+}
+
+/// A table with no default, a variant configured away, and a user derive
+/// that the macro must not repeat.
+#[rate_tiers]
+#[derive(Debug, Clone, Copy)]
+enum Internal {
+    #[tier(per_second = 1)]
+    HTTPProbe,
+    #[cfg(any())]
+    #[tier(per_second = 2)]
+    Gone,
+    #[tier(per_minute = 3u32)]
+    Batch2,
+}
+
+#[test]
+fn all_lists_the_tiers_in_declaration_order() {
+    assert_eq!(
+        Plan::ALL,
+        [
+            Plan::Free,
+            Plan::Pro,
+            Plan::TeamPlus,
+            Plan::Startup,
+            Plan::Enterprise
+        ]
+    );
+    assert_eq!(<Plan as TierTable>::all(), Plan::ALL);
+    assert_eq!(Internal::ALL, [Internal::HTTPProbe, Internal::Batch2]);
+}
+
+#[test]
+fn names_are_snake_case_unless_given() {
+    let names: Vec<&str> = Plan::ALL.iter().map(|plan| plan.name()).collect();
+    assert_eq!(names, ["free", "pro", "team-plus", "startup", "enterprise"]);
+    assert_eq!(Internal::HTTPProbe.name(), "http_probe");
+    assert_eq!(Internal::Batch2.name(), "batch2");
+    assert_eq!(Plan::TeamPlus.tier_name(), "team-plus");
+    // `name` and `quotas` are `const fn`.
+    const PRO: &str = Plan::Pro.name();
+    assert_eq!(PRO, "pro");
+}
+
+#[test]
+fn quotas_are_the_configured_bands() {
+    assert_eq!(Plan::Free.quotas(), [Quota::per_hour(100)]);
+    assert_eq!(Plan::Pro.quotas(), [Quota::per_hour(5_000).with_burst(200)]);
+    assert_eq!(Plan::TeamPlus.quotas(), [Quota::per_minute(600)]);
+    assert_eq!(
+        Plan::Startup.quotas(),
+        [Quota::per_second(5), Quota::per_day(10_000)]
+    );
+    assert_eq!(Plan::Enterprise.quotas(), [Quota::unlimited()]);
+    assert_eq!(Internal::Batch2.tier_quotas(), [Quota::per_minute(3)]);
+    const PRO: &[Quota] = Plan::Pro.quotas();
+    assert_eq!(PRO[0].burst(), 200);
+}
+
+#[test]
+fn parses_names_and_names_the_known_ones_on_error() {
+    for &plan in Plan::ALL {
+        assert_eq!(plan.name().parse::<Plan>(), Ok(plan));
+    }
+    assert_eq!("team-plus".parse::<Plan>(), Ok(Plan::TeamPlus));
+    // The variant's own snake case is not a name when `name` is given.
+    let error: ParseTierError = "team_plus".parse::<Plan>().unwrap_err();
+    assert_eq!(error.name(), "team_plus");
+    assert_eq!(
+        error.known(),
+        ["free", "pro", "team-plus", "startup", "enterprise"]
+    );
+    assert_eq!(
+        error.to_string(),
+        "unknown tier `team_plus` (known tiers: `free`, `pro`, `team-plus`, `startup`, `enterprise`)"
+    );
+    // Case matters, like in the limiter.
+    assert!("Pro".parse::<Plan>().is_err());
+    // A variant configured away is not known.
+    assert_eq!(
+        "gone".parse::<Internal>().unwrap_err().known(),
+        ["http_probe", "batch2"]
+    );
+    let boxed: Box<dyn std::error::Error> = Box::new(error);
+    assert!(boxed.to_string().starts_with("unknown tier"));
+}
+
+#[test]
+fn display_is_the_name() {
+    assert_eq!(Plan::TeamPlus.to_string(), "team-plus");
+    assert_eq!(format!("[{:>6}]", Plan::Pro), "[   pro]");
+    assert_eq!(format!("{:?}", Plan::Pro), "Pro");
+}
+
+#[test]
+fn derives_what_a_tier_table_needs() {
+    let set: HashSet<Plan> = Plan::ALL.iter().copied().collect();
+    assert_eq!(set.len(), 5);
+    assert!(Plan::Free < Plan::Enterprise);
+    assert_eq!(Internal::HTTPProbe, Internal::HTTPProbe);
+}
+
+#[test]
+fn the_default_tier_is_the_marked_one() {
+    assert_eq!(Plan::default_tier(), Some(Plan::Free));
+    assert_eq!(Internal::default_tier(), None);
+}
+
+#[tokio::test]
+async fn the_builder_takes_every_tier_and_the_default() {
+    let tiers = RateTier::builder()
+        .tiers::<Plan>()
+        .clock(FakeClock::new())
+        .build();
+    let names: Vec<&str> = tiers.tier_names().collect();
+    assert_eq!(names.len(), 5);
+    for &plan in Plan::ALL {
+        assert!(names.contains(&plan.name()), "{plan} missing");
+        assert_eq!(tiers.quotas(plan.name()), Some(plan.quotas()));
+    }
+    assert_eq!(tiers.default_tier(), Some("free"));
+
+    // Pro: a burst of 200, then denied.
+    for _ in 0..200 {
+        assert!(tiers.check("ada", Plan::Pro.name(), 1).await.unwrap().is_ok());
+    }
+    let denied = tiers.check("ada", "pro", 1).await.unwrap().unwrap_err();
+    assert_eq!(denied.limit, 200);
+    // 5_000 per hour: one more every 720 ms.
+    assert_eq!(denied.retry_after.as_millis(), 720);
+
+    // A table without a default leaves the builder's own.
+    let tiers = RateTier::builder().tiers::<Internal>().build();
+    assert_eq!(tiers.default_tier(), None);
+}

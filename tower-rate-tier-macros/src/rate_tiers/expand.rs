@@ -1,0 +1,275 @@
+//! What `#[rate_tiers]` emits.
+
+use std::collections::HashSet;
+
+use proc_macro2::{Literal, Span, TokenStream};
+use quote::{ToTokens, quote};
+use syn::punctuated::Punctuated;
+use syn::{Attribute, Ident, Item, ItemEnum, Meta, Path, Token, parse_quote};
+
+use super::ast::{Input, Variant};
+use crate::errors::Errors;
+use crate::krate;
+
+/// The traits the enum derives unless its own `#[derive(..)]` lists them:
+/// `TierTable` needs `Copy`, and tests and maps want the others.
+const DERIVES: [(&str, &str); 6] = [
+    ("Clone", "::core::clone::Clone"),
+    ("Copy", "::core::marker::Copy"),
+    ("PartialEq", "::core::cmp::PartialEq"),
+    ("Eq", "::core::cmp::Eq"),
+    ("Hash", "::core::hash::Hash"),
+    ("Debug", "::core::fmt::Debug"),
+];
+
+/// `#[rate_tiers]` on `item`: the enum and its impls, or the item and the
+/// errors.
+pub(crate) fn expand(args: TokenStream, item: Item) -> TokenStream {
+    let mut errors = Errors::default();
+    if !args.is_empty() {
+        errors.spanned(&args, "`#[rate_tiers]` takes no arguments");
+    }
+    let item = match item {
+        Item::Enum(item) => item,
+        Item::Struct(item) => {
+            errors.spanned(item.struct_token, "`#[rate_tiers]` goes on an enum, not a struct");
+            return with_errors(item.into_token_stream(), errors);
+        }
+        Item::Union(item) => {
+            errors.spanned(item.union_token, "`#[rate_tiers]` goes on an enum, not a union");
+            return with_errors(item.into_token_stream(), errors);
+        }
+        other => {
+            errors.at(Span::call_site(), "`#[rate_tiers]` goes on an enum");
+            return with_errors(other.into_token_stream(), errors);
+        }
+    };
+
+    let input = Input::parse(item, &mut errors);
+    input.validate(&mut errors);
+    let tokens = if errors.is_empty() {
+        generate(&input, Mode::Complete)
+    } else if input.has_table_shape() {
+        // Keep `Plan::ALL`, `"pro".parse::<Plan>()` and the rest compiling
+        // elsewhere in the crate, so that only the real errors show.
+        generate(&input, Mode::Fallback)
+    } else {
+        input.item.into_token_stream()
+    };
+    with_errors(tokens, errors)
+}
+
+fn with_errors(mut tokens: TokenStream, errors: Errors) -> TokenStream {
+    tokens.extend(errors.into_compile_errors());
+    tokens
+}
+
+/// Whether the impls are valid Rust even if some `#[tier]` is wrong.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Everything checked: the real tables.
+    Complete,
+    /// Errors were reported: the same items with empty quota tables, so that
+    /// uses of them add no errors of their own.
+    Fallback,
+}
+
+impl Input {
+    /// A non-generic enum of unit variants: the impls type-check.
+    fn has_table_shape(&self) -> bool {
+        let generics = &self.item.generics;
+        generics.params.is_empty()
+            && generics.where_clause.is_none()
+            && self.variants.iter().all(|variant| variant.fields.is_none())
+    }
+}
+
+fn generate(input: &Input, mode: Mode) -> TokenStream {
+    let krate = krate::runtime();
+    let private = quote!(#krate::__private);
+    let item = with_derives(&input.item);
+    let ident = &item.ident;
+    let vis = &item.vis;
+    let variants = &input.variants;
+
+    let all = variants.iter().map(|v| {
+        let (cfgs, ident) = (&v.cfgs, &v.ident);
+        quote!(#(#cfgs)* Self::#ident)
+    });
+    let name_arms = variants.iter().map(|v| {
+        let (cfgs, ident) = (&v.cfgs, &v.ident);
+        let name = Literal::string(&v.tier_name());
+        quote!(#(#cfgs)* Self::#ident => #name,)
+    });
+    let quota_arms = variants.iter().map(|v| {
+        let (cfgs, ident) = (&v.cfgs, &v.ident);
+        let quotas = match mode {
+            Mode::Complete => quotas(v, &private),
+            Mode::Fallback => TokenStream::new(),
+        };
+        quote!(#(#cfgs)* Self::#ident => const { &[#quotas] },)
+    });
+
+    // `FromStr`: one arm per name (a name repeated by mistake keeps its
+    // first arm only, so that no "unreachable pattern" adds to the errors).
+    let mut seen = HashSet::new();
+    let parse_arms = variants.iter().filter(|v| seen.insert(v.tier_name())).map(|v| {
+        let (cfgs, ident) = (&v.cfgs, &v.ident);
+        let name = Literal::string(&v.tier_name());
+        quote!(#(#cfgs)* #name => ::core::result::Result::Ok(Self::#ident),)
+    });
+    let known = variants.iter().map(|v| {
+        let cfgs = &v.cfgs;
+        let name = Literal::string(&v.tier_name());
+        quote!(#(#cfgs)* #name)
+    });
+    let input_name = Ident::new("__trt_name", Span::mixed_site());
+    let formatter = Ident::new("__trt_f", Span::mixed_site());
+    let default_tier = default_tier(variants);
+
+    quote! {
+        #item
+
+        impl #ident {
+            /// Every tier, in declaration order.
+            #vis const ALL: &'static [Self] = &[#(#all),*];
+
+            /// The tier's name, as configured in the limiter and parsed by
+            /// `FromStr`.
+            #vis const fn name(self) -> &'static ::core::primitive::str {
+                match self {
+                    #(#name_arms)*
+                }
+            }
+
+            /// The tier's quota bands (`[Quota::unlimited()]` for an
+            /// unlimited tier).
+            #vis const fn quotas(self) -> &'static [#private::Quota] {
+                match self {
+                    #(#quota_arms)*
+                }
+            }
+        }
+
+        #[automatically_derived]
+        impl ::core::fmt::Display for #ident {
+            fn fmt(&self, #formatter: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+                #formatter.pad(Self::name(*self))
+            }
+        }
+
+        #[automatically_derived]
+        impl ::core::str::FromStr for #ident {
+            type Err = #private::ParseTierError;
+
+            fn from_str(#input_name: &::core::primitive::str) -> ::core::result::Result<Self, Self::Err> {
+                match #input_name {
+                    #(#parse_arms)*
+                    _ => ::core::result::Result::Err(#private::ParseTierError::new(#input_name, &[#(#known),*])),
+                }
+            }
+        }
+
+        #[automatically_derived]
+        impl #private::TierTable for #ident {
+            fn all() -> &'static [Self] {
+                Self::ALL
+            }
+
+            fn tier_name(self) -> &'static ::core::primitive::str {
+                Self::name(self)
+            }
+
+            fn tier_quotas(self) -> &'static [#private::Quota] {
+                Self::quotas(self)
+            }
+
+            fn default_tier() -> ::core::option::Option<Self> {
+                #default_tier
+            }
+        }
+    }
+}
+
+/// The enum with `#[derive(..)]` of the traits it does not derive yet.
+fn with_derives(item: &ItemEnum) -> ItemEnum {
+    let mut derived = HashSet::new();
+    for attr in item.attrs.iter().filter(|attr| attr.path().is_ident("derive")) {
+        // A malformed `#[derive]` is the compiler's to report.
+        if let Ok(paths) = attr.parse_args_with(Punctuated::<Path, Token![,]>::parse_terminated) {
+            derived.extend(
+                paths
+                    .iter()
+                    .filter_map(|path| path.segments.last())
+                    .map(|s| s.ident.to_string()),
+            );
+        }
+    }
+    let missing: Vec<Path> = DERIVES
+        .iter()
+        .filter(|(name, _)| !derived.contains(*name))
+        .map(|(_, path)| syn::parse_str(path).expect("a valid path"))
+        .collect();
+    let mut item = item.clone();
+    if !missing.is_empty() {
+        item.attrs.push(parse_quote!(#[derive(#(#missing),*)]));
+    }
+    item
+}
+
+/// The `Quota` expressions of a checked tier.
+fn quotas(variant: &Variant, private: &TokenStream) -> TokenStream {
+    let Some(tier) = &variant.tier else {
+        return TokenStream::new();
+    };
+    if tier.unlimited.is_some() {
+        return quote!(#private::Quota::unlimited());
+    }
+    let burst = tier
+        .burst
+        .as_ref()
+        .and_then(|burst| burst.value.value)
+        .map(|burst| {
+            let burst = Literal::u32_unsuffixed(burst);
+            quote!(.with_burst(#burst))
+        });
+    let bands = tier.bands.iter().map(|band| {
+        let constructor = Ident::new(band.unit.constructor(), Span::call_site());
+        let count = Literal::u32_unsuffixed(band.count.value.unwrap_or(1));
+        quote!(#private::Quota::#constructor(#count) #burst)
+    });
+    quote!(#(#bands),*)
+}
+
+/// The body of `TierTable::default_tier`.
+fn default_tier(variants: &[Variant]) -> TokenStream {
+    let default = variants
+        .iter()
+        .find(|v| v.tier.as_ref().is_some_and(|tier| tier.default.is_some()));
+    let Some(variant) = default else {
+        return quote!(::core::option::Option::None);
+    };
+    let ident = &variant.ident;
+    if variant.cfgs.is_empty() {
+        return quote!(::core::option::Option::Some(Self::#ident));
+    }
+    // The default variant may be configured away.
+    let cfgs = &variant.cfgs;
+    let predicates = variant.cfgs.iter().filter_map(cfg_predicate);
+    let local = Ident::new("__trt_default", Span::mixed_site());
+    quote! {
+        #(#cfgs)*
+        let #local = ::core::option::Option::Some(Self::#ident);
+        #[cfg(not(all(#(#predicates),*)))]
+        let #local = ::core::option::Option::None;
+        #local
+    }
+}
+
+/// `pred` of `#[cfg(pred)]`.
+fn cfg_predicate(attr: &Attribute) -> Option<&TokenStream> {
+    match &attr.meta {
+        Meta::List(list) => Some(&list.tokens),
+        _ => None,
+    }
+}

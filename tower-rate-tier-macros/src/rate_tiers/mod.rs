@@ -1,0 +1,8 @@
+//! `#[rate_tiers]`: parse ([`ast`]), validate ([`valid`]), generate
+//! ([`expand`]).
+
+mod ast;
+mod expand;
+mod valid;
+
+pub(crate) use expand::expand;

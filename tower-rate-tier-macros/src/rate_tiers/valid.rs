@@ -1,0 +1,136 @@
+//! The rules of `#[rate_tiers]` that span several keys or variants.
+
+use std::collections::HashMap;
+
+use quote::ToTokens;
+
+use super::ast::{Input, Tier, Variant};
+use crate::errors::Errors;
+
+/// The longest tier name the runtime accepts, in bytes.
+const MAX_NAME_LEN: usize = 255;
+
+impl Input {
+    /// Reports every broken rule to `errors`.
+    pub(super) fn validate(&self, errors: &mut Errors) {
+        let generics = &self.item.generics;
+        if !generics.params.is_empty() || generics.where_clause.is_some() {
+            errors.spanned(generics, "a `#[rate_tiers]` enum cannot be generic");
+        }
+        if self.variants.is_empty() {
+            errors.spanned(
+                &self.item.ident,
+                "a `#[rate_tiers]` enum needs at least one variant",
+            );
+        }
+
+        let mut names: HashMap<String, &Variant> = HashMap::new();
+        let mut default: Option<&Variant> = None;
+        for variant in &self.variants {
+            variant.validate(errors);
+            let Some(tier) = &variant.tier else { continue };
+
+            let name = variant.tier_name();
+            if let Some(first) = names.get(&name) {
+                let message = format!("tier name `{name}` is already used by `{}`", first.ident);
+                match &tier.name {
+                    Some(lit) => errors.spanned(lit, message),
+                    None => errors.spanned(&variant.ident, message),
+                }
+            } else {
+                names.insert(name, variant);
+            }
+
+            if let Some(key) = &tier.default {
+                match default {
+                    Some(first) => errors.spanned(
+                        key,
+                        format_args!("only one tier can be the `default`; `{}` already is", first.ident),
+                    ),
+                    None => default = Some(variant),
+                }
+            }
+        }
+    }
+}
+
+impl Variant {
+    fn validate(&self, errors: &mut Errors) {
+        if let Some(fields) = &self.fields {
+            errors.spanned(
+                fields,
+                format_args!("a tier is a unit variant: `{}` cannot carry data", self.ident),
+            );
+        }
+        match &self.tier {
+            Some(tier) => tier.validate(errors),
+            None => errors.spanned(
+                &self.ident,
+                format_args!(
+                    "variant `{}` has no `#[tier(..)]` attribute; add one, e.g. `#[tier(per_hour = 100)]` or `#[tier(unlimited)]`",
+                    self.ident
+                ),
+            ),
+        }
+    }
+}
+
+impl Tier {
+    fn validate(&self, errors: &mut Errors) {
+        for band in &self.bands {
+            if band.count.value == Some(0) {
+                errors.at(
+                    band.count.span,
+                    format_args!("`{}` must be at least 1: a zero count admits nothing", band.key),
+                );
+            }
+        }
+        if let Some(burst) = self.burst.as_ref().filter(|burst| burst.value.value == Some(0)) {
+            errors.at(
+                burst.value.span,
+                "`burst` must be at least 1: a zero burst admits nothing",
+            );
+        }
+
+        if let Some(unlimited) = &self.unlimited {
+            if !self.bands.is_empty() {
+                let bands: Vec<String> = self.bands.iter().map(|band| format!("`{}`", band.key)).collect();
+                errors.spanned(
+                    unlimited,
+                    format_args!(
+                        "`unlimited` cannot be combined with a band ({})",
+                        bands.join(", ")
+                    ),
+                );
+            }
+            if let Some(burst) = &self.burst {
+                errors.spanned(&burst.key, "`burst` does not apply to an `unlimited` tier");
+            }
+        } else if self.bands.is_empty() {
+            if !self.incomplete {
+                errors.spanned(
+                    &self.tokens,
+                    "a tier needs `unlimited` or at least one band: `per_second`, `per_minute`, `per_hour` or `per_day`",
+                );
+            }
+        } else if let Some(burst) = self.burst.as_ref().filter(|_| self.bands.len() > 1) {
+            errors.spanned(
+                &burst.key,
+                format_args!(
+                    "`burst` applies to one-band tiers only; this tier has {} bands",
+                    self.bands.len()
+                ),
+            );
+        }
+
+        if let Some(name) = &self.name {
+            let len = name.value().len();
+            if len == 0 || len > MAX_NAME_LEN {
+                errors.spanned(
+                    name.to_token_stream(),
+                    format_args!("a tier name is 1 to {MAX_NAME_LEN} bytes long"),
+                );
+            }
+        }
+    }
+}

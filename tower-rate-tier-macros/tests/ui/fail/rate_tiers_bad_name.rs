@@ -1,0 +1,11 @@
+use trt::rate_tiers;
+
+#[rate_tiers]
+enum Plan {
+    #[tier(per_hour = 100, name = "")]
+    Free,
+    #[tier(per_hour = 200, name = pro)]
+    Pro,
+}
+
+fn main() {}

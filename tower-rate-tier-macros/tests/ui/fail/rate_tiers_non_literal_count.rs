@@ -1,0 +1,13 @@
+use trt::rate_tiers;
+
+const LIMIT: u32 = 100;
+
+#[rate_tiers]
+enum Plan {
+    #[tier(per_hour = LIMIT)]
+    Free,
+}
+
+fn main() {
+    let _ = LIMIT;
+}

@@ -1,0 +1,11 @@
+// A wrong cost and a wrong item are reported together.
+use trt::tier_cost;
+
+#[tier_cost(-5)]
+fn search() -> &'static str {
+    "hits"
+}
+
+fn main() {
+    let _ = search;
+}

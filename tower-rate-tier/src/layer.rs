@@ -1,0 +1,310 @@
+//! [`TierLimitLayer`]: the configuration of the middleware.
+
+use std::fmt;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::{HeaderMap, Response, StatusCode};
+use tower_layer::Layer;
+
+use crate::cost::Learned;
+use crate::identity::{TierIdentifier, TierIdentity};
+use crate::service::TierLimitService;
+use crate::storage::StorageError;
+use crate::tier::{RateLimited, RateTier};
+
+/// What to do when the storage fails (unreachable, timed out, full).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnStorageError {
+    /// Fail open: let the request through uncounted, without rate-limit
+    /// headers (the default: the limiter never becomes the outage).
+    #[default]
+    Allow,
+    /// Fail closed: answer 503 Service Unavailable.
+    Deny,
+}
+
+/// What to do when an identifier names a tier the configuration does not
+/// have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnUnknownTier {
+    /// Limit the user with the default tier's quota, in their own bucket;
+    /// 403 when there is no default tier (the default policy).
+    #[default]
+    UseDefault,
+    /// Answer with this status.
+    Deny(StatusCode),
+    /// Let the request through uncounted, without rate-limit headers.
+    Allow,
+}
+
+/// Something the limiter decided that an operator may want to know; see
+/// [`TierLimitLayer::on_event`]. The same events are emitted as `tracing`
+/// events (target `tower_rate_tier`).
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum RateLimitEvent<'a> {
+    /// A request was refused with 429.
+    Limited {
+        /// The user.
+        user: &'a str,
+        /// The cost that did not fit.
+        cost: u32,
+        /// The state that refused it.
+        limited: &'a RateLimited,
+    },
+    /// A request cost more than its tier's burst and was refused with 403.
+    CostExceedsLimit {
+        /// The user.
+        user: &'a str,
+        /// The tier.
+        tier: &'a str,
+        /// The cost.
+        cost: u32,
+        /// The tier's burst.
+        limit: u32,
+    },
+    /// The storage failed; `allowed` tells what [`OnStorageError`] made of it.
+    StorageError {
+        /// The user.
+        user: &'a str,
+        /// The tier.
+        tier: &'a str,
+        /// The failure.
+        error: &'a StorageError,
+        /// Whether the request was let through.
+        allowed: bool,
+    },
+    /// The identifier named a tier that is not configured.
+    UnknownTier {
+        /// The user.
+        user: &'a str,
+        /// The unknown tier name.
+        tier: &'a str,
+    },
+    /// The client was not identified (or its user id was empty or too long).
+    Unidentified,
+    /// A route declares a cost but no limiter ran before it; it was refused
+    /// with 500.
+    MissingLimiter {
+        /// The declared cost.
+        cost: u32,
+    },
+}
+
+pub(crate) type HeadersFn = dyn Fn(&HeaderMap) -> Option<TierIdentity> + Send + Sync;
+pub(crate) type PartsFn = dyn Fn(&Parts) -> Option<TierIdentity> + Send + Sync;
+pub(crate) type CostFn = dyn Fn(&Parts) -> Option<u32> + Send + Sync;
+pub(crate) type EventFn = dyn Fn(&RateLimitEvent<'_>) + Send + Sync;
+pub(crate) type LimitedFn = dyn Fn(&RateLimited) -> Response<Bytes> + Send + Sync;
+
+#[derive(Clone)]
+pub(crate) enum Identify {
+    Nobody,
+    Headers(Arc<HeadersFn>),
+    Parts(Arc<PartsFn>),
+    Async(Arc<dyn TierIdentifier>),
+}
+
+/// Everything a [`TierLimitService`] and the per-request charges share.
+#[derive(Clone)]
+pub(crate) struct Shared {
+    pub(crate) tiers: RateTier,
+    pub(crate) identify: Identify,
+    pub(crate) on_storage_error: OnStorageError,
+    pub(crate) on_unknown_tier: OnUnknownTier,
+    pub(crate) cost_fn: Option<Arc<CostFn>>,
+    pub(crate) on_event: Option<Arc<EventFn>>,
+    pub(crate) on_limited: Option<Arc<LimitedFn>>,
+    pub(crate) trusted_proxies: Arc<[IpAddr]>,
+    pub(crate) learned: Arc<Learned>,
+    #[cfg(feature = "buffered-body")]
+    pub(crate) body: crate::body::BodyLimits,
+}
+
+/// A tower [`Layer`] that rate-limits requests by tier.
+///
+/// For each request it identifies the client, resolves the tier
+/// ([`OnMissing`](crate::OnMissing), [`OnUnknownTier`]), works out the cost
+/// (see [Costs](crate::cost)), and asks the storage. Admitted requests reach
+/// the inner service and get rate-limit headers on the way out; refused ones
+/// are answered (429, 403, 503) without calling the inner service.
+///
+/// It works under axum's `Router::layer` (one router-wide layer charges every
+/// route's cost exactly), in a `tower::ServiceBuilder`, and around any tower
+/// HTTP service whose response body can be built from [`Bytes`].
+///
+/// ```
+/// # #[cfg(feature = "axum")] {
+/// use axum::{Router, routing::get};
+/// use http::HeaderMap;
+/// use tower_rate_tier::{Quota, RateTier, TierIdentity, TierLimitLayer};
+///
+/// let tiers = RateTier::builder()
+///     .tier("free", Quota::per_minute(10))
+///     .tier("pro", Quota::per_minute(100))
+///     .default_tier("free")
+///     .build();
+///
+/// let app: Router = Router::new()
+///     .route("/", get(|| async { "hello" }))
+///     .layer(TierLimitLayer::new(tiers).identifier_fn(|headers: &HeaderMap| {
+///         let user = headers.get("x-user")?.to_str().ok()?;
+///         let tier = headers.get("x-tier").and_then(|t| t.to_str().ok()).unwrap_or("free");
+///         Some(TierIdentity::new(user, tier))
+///     }));
+/// # let _ = app;
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct TierLimitLayer {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl TierLimitLayer {
+    /// A layer over these tiers. Without an identifier every client is
+    /// unidentified (see [`OnMissing`](crate::OnMissing)).
+    pub fn new(tiers: RateTier) -> Self {
+        TierLimitLayer {
+            shared: Arc::new(Shared {
+                tiers,
+                identify: Identify::Nobody,
+                on_storage_error: OnStorageError::default(),
+                on_unknown_tier: OnUnknownTier::default(),
+                cost_fn: None,
+                on_event: None,
+                on_limited: None,
+                trusted_proxies: Arc::new([]),
+                learned: Arc::default(),
+                #[cfg(feature = "buffered-body")]
+                body: crate::body::BodyLimits::default(),
+            }),
+        }
+    }
+
+    pub(crate) fn config(&mut self) -> &mut Shared {
+        Arc::make_mut(&mut self.shared)
+    }
+
+    /// Identifies clients with a closure over the request headers. It runs
+    /// inline, without boxing a future.
+    pub fn identifier_fn<F>(mut self, f: F) -> Self
+    where
+        F: Fn(&HeaderMap) -> Option<TierIdentity> + Send + Sync + 'static,
+    {
+        self.config().identify = Identify::Headers(Arc::new(f));
+        self
+    }
+
+    /// Identifies clients with a closure over the whole request head
+    /// (extensions an auth layer left, `ConnectInfo`, the URI).
+    pub fn identifier_parts_fn<F>(mut self, f: F) -> Self
+    where
+        F: Fn(&Parts) -> Option<TierIdentity> + Send + Sync + 'static,
+    {
+        self.config().identify = Identify::Parts(Arc::new(f));
+        self
+    }
+
+    /// Identifies clients with a [`TierIdentifier`] (which may wait, e.g. for
+    /// a database). The layer calls
+    /// [`identify_parts`](TierIdentifier::identify_parts), or
+    /// [`identify_with_body`](TierIdentifier::identify_with_body) when it
+    /// buffers bodies.
+    pub fn identifier<I: TierIdentifier>(mut self, identifier: I) -> Self {
+        self.config().identify = Identify::Async(Arc::new(identifier));
+        self
+    }
+
+    /// The policy for storage failures (default [`OnStorageError::Allow`]).
+    pub fn on_storage_error(mut self, policy: OnStorageError) -> Self {
+        self.config().on_storage_error = policy;
+        self
+    }
+
+    /// The policy for tiers the configuration does not know (default
+    /// [`OnUnknownTier::UseDefault`]).
+    pub fn on_unknown_tier(mut self, policy: OnUnknownTier) -> Self {
+        self.config().on_unknown_tier = policy;
+        self
+    }
+
+    /// Prices requests before they reach their route: `Some(cost)` fixes the
+    /// cost (over any route-level declaration), `None` leaves it to the route
+    /// (or 1). The closure sees the request head, including axum's
+    /// `MatchedPath`; this is how health checks are exempted up front:
+    ///
+    /// ```
+    /// # #[cfg(feature = "axum")] {
+    /// # use tower_rate_tier::{Quota, RateTier, TierLimitLayer};
+    /// use axum::extract::MatchedPath;
+    /// # let tiers = RateTier::builder().tier("free", Quota::per_minute(10)).build();
+    /// let layer = TierLimitLayer::new(tiers).cost_fn(|parts| {
+    ///     let path = parts.extensions.get::<MatchedPath>()?;
+    ///     (path.as_str() == "/health").then_some(0)
+    /// });
+    /// # let _ = layer;
+    /// # }
+    /// ```
+    pub fn cost_fn<F>(mut self, f: F) -> Self
+    where
+        F: Fn(&Parts) -> Option<u32> + Send + Sync + 'static,
+    {
+        self.config().cost_fn = Some(Arc::new(f));
+        self
+    }
+
+    /// Calls `f` for every [`RateLimitEvent`] (limited requests, storage
+    /// errors, unknown tiers, costs above the burst, ...), for metrics or
+    /// logs. It runs inline: keep it quick.
+    pub fn on_event<F>(mut self, f: F) -> Self
+    where
+        F: Fn(&RateLimitEvent<'_>) + Send + Sync + 'static,
+    {
+        self.config().on_event = Some(Arc::new(f));
+        self
+    }
+
+    /// Builds the 429 response yourself. The layer adds the rate-limit
+    /// headers and `Retry-After` to it unless the closure set them.
+    pub fn on_limited<F>(mut self, f: F) -> Self
+    where
+        F: Fn(&RateLimited) -> Response<Bytes> + Send + Sync + 'static,
+    {
+        self.config().on_limited = Some(Arc::new(f));
+        self
+    }
+
+    /// Proxies whose `X-Forwarded-For` is believed when keying unidentified
+    /// clients by address (default: none; the header is ignored).
+    pub fn trusted_proxies(mut self, proxies: impl IntoIterator<Item = IpAddr>) -> Self {
+        self.config().trusted_proxies = proxies.into_iter().collect();
+        self
+    }
+
+    /// The tiers this layer limits with.
+    pub fn tiers(&self) -> &RateTier {
+        &self.shared.tiers
+    }
+}
+
+impl<S> Layer<S> for TierLimitLayer {
+    type Service = TierLimitService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        TierLimitService::new(inner, self.shared.clone())
+    }
+}
+
+impl fmt::Debug for TierLimitLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TierLimitLayer")
+            .field("tiers", &self.shared.tiers)
+            .field("on_storage_error", &self.shared.on_storage_error)
+            .field("on_unknown_tier", &self.shared.on_unknown_tier)
+            .field("trusted_proxies", &self.shared.trusted_proxies)
+            .finish_non_exhaustive()
+    }
+}
