@@ -6,9 +6,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use axum::Router;
+use axum::body::Body;
+use axum::routing::get;
+use http::{HeaderMap, Request};
+use tower::ServiceExt;
 use tower_rate_tier::clock::FakeClock;
 use tower_rate_tier::storage::{MemoryStorage, RedisStorage, Storage, StorageErrorKind, StorageKey};
-use tower_rate_tier::{CheckError, Quota, RateTier};
+use tower_rate_tier::{CheckError, OnStorageError, Quota, RateTier, TierIdentity, TierLimitLayer, tier_cost};
 use tower_rate_tier_tests::redis::{RedisServer, cluster};
 
 fn key<'a>(tier: &'a str, user: &'a str) -> StorageKey<'a> {
@@ -118,8 +123,13 @@ async fn cluster_instances_admit_exactly_the_quota() {
     assert_eq!(remaining, vec![0, 1_000 - 23]);
 }
 
-/// Same clock, same quotas (whole microseconds), same requests: the Lua
-/// script decides exactly as the in-process GCRA.
+/// Same clock, same quotas (whole microseconds), same requests and refunds:
+/// the Lua script decides exactly as the in-process GCRA.
+///
+/// Time only moves forward here: keys expire on the server's real clock, so
+/// after a step back of the fake clock Redis may have forgotten a TAT that
+/// memory still holds (both are right). The clamp of a clock that moved back
+/// has its own test below.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn script_matches_the_reference_gcra() {
     let Some(server) = RedisServer::start() else {
@@ -150,7 +160,7 @@ async fn script_matches_the_reference_gcra() {
         seed ^= seed << 17;
         seed % n
     };
-    for step in 0..1_500 {
+    for step in 0..3_000 {
         let set = next(bandsets.len() as u64) as usize;
         let bands = bandsets[set];
         let user = format!("ref-{}", next(3));
@@ -159,9 +169,9 @@ async fn script_matches_the_reference_gcra() {
             tier: ["a", "b", "c", "d"][set],
             user: &user,
         };
-        match next(10) {
-            0..=1 => clock.advance(Duration::from_micros(next(400_000))),
-            2 => {
+        match next(20) {
+            0..=4 => clock.advance(Duration::from_micros(next(400_000))),
+            5..=7 => {
                 let cost = next(4) as u32;
                 redis.refund(k, bands, cost).await.unwrap();
                 memory.refund(k, bands, cost).await.unwrap();
@@ -526,4 +536,125 @@ async fn connecting_to_a_closed_port_fails_fast() {
     let err = RedisStorage::connect(&url).await.unwrap_err();
     assert_eq!(err.kind(), StorageErrorKind::Unavailable, "{err}");
     assert!(started.elapsed() < Duration::from_secs(2));
+}
+
+// ------------------------------------------------------- under the layer
+
+fn identity(headers: &HeaderMap) -> Option<TierIdentity> {
+    let user = headers.get("x-user")?.to_str().ok()?;
+    Some(TierIdentity::new(user, "free"))
+}
+
+#[tier_cost(5)]
+async fn search() -> &'static str {
+    "hits"
+}
+
+fn app(storage: RedisStorage, policy: OnStorageError, calls: &Arc<AtomicU32>) -> Router {
+    let tiers = RateTier::builder()
+        .tier("free", Quota::per_day(1_000))
+        .storage(storage)
+        .build();
+    let counted = {
+        let calls = calls.clone();
+        move || async move {
+            calls.fetch_add(1, Ordering::SeqCst);
+            "ok"
+        }
+    };
+    Router::new()
+        .route("/plain", get(counted))
+        .route("/export", get(|| async { "csv" }).layer(tier_cost(20)))
+        .route("/search", get(search))
+        .layer(
+            TierLimitLayer::new(tiers)
+                .identifier_fn(identity)
+                .on_storage_error(policy),
+        )
+}
+
+/// (status, X-RateLimit-Remaining) of `GET path` as `user`.
+async fn get_as(app: &Router, path: &str, user: &str) -> (u16, Option<u32>) {
+    let req = Request::builder()
+        .uri(path)
+        .header("x-user", user)
+        .body(Body::empty())
+        .unwrap();
+    let res = app.clone().oneshot(req).await.unwrap();
+    let remaining = res
+        .headers()
+        .get("x-ratelimit-remaining")
+        .and_then(|v| v.to_str().ok()?.parse().ok());
+    (res.status().as_u16(), remaining)
+}
+
+#[tokio::test]
+async fn layer_one_script_call_per_request_including_costed_routes() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let calls = Arc::new(AtomicU32::new(0));
+    let app = app(storage(&server.url()).await, OnStorageError::Deny, &calls);
+    // the first request of a costed route teaches the edge its cost
+    assert_eq!(get_as(&app, "/export", "ada").await, (200, Some(980)));
+    assert_eq!(get_as(&app, "/search", "ada").await, (200, Some(975)));
+    server.cli(&["CONFIG", "RESETSTAT"]);
+    let mut requests = 0;
+    let mut expected = 975;
+    for _ in 0..10 {
+        for (path, cost) in [("/plain", 1), ("/export", 20), ("/search", 5)] {
+            expected -= cost;
+            assert_eq!(get_as(&app, path, "ada").await, (200, Some(expected)), "{path}");
+            requests += 1;
+        }
+    }
+    let calls_seen = server.command_calls("evalsha") + server.command_calls("eval");
+    assert_eq!(calls_seen, requests, "script calls for {requests} requests");
+    assert_eq!(calls.load(Ordering::SeqCst), 10);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn layer_fails_open_or_closed_while_redis_is_down() {
+    let Some(mut server) = RedisServer::start() else {
+        return;
+    };
+    let timeout = Duration::from_millis(250);
+    let connect = || async {
+        RedisStorage::builder(server.url())
+            .timeout(timeout)
+            .connect()
+            .await
+            .unwrap()
+    };
+    let calls = Arc::new(AtomicU32::new(0));
+    let open = app(connect().await, OnStorageError::Allow, &calls);
+    let closed = app(connect().await, OnStorageError::Deny, &calls);
+    assert_eq!(get_as(&open, "/plain", "ada").await, (200, Some(999)));
+    assert_eq!(get_as(&closed, "/plain", "ada").await, (200, Some(998)));
+    server.kill();
+    for _ in 0..5 {
+        let started = Instant::now();
+        // fail open: served, without rate-limit fields
+        assert_eq!(get_as(&open, "/plain", "ada").await, (200, None));
+        // fail closed: 503, the handler is not called
+        assert_eq!(get_as(&closed, "/plain", "ada").await, (503, None));
+        assert!(started.elapsed() < 2 * (timeout + Duration::from_millis(250)));
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 2 + 5);
+    server.restart();
+    // each app's connection recovers by itself: limited again within 2 s
+    // (the restarted server is empty, so remaining starts afresh)
+    let deadline = Instant::now() + Duration::from_secs(2);
+    for (app, user) in [(&closed, "bob"), (&open, "eve")] {
+        loop {
+            match get_as(app, "/plain", user).await {
+                (200, Some(remaining)) => {
+                    assert_eq!(remaining, 999);
+                    break;
+                }
+                other => assert!(Instant::now() < deadline, "{other:?} 2 s after the restart"),
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
 }
