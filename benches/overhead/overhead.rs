@@ -5,6 +5,7 @@
 //! `overhead MODE N` with MODE one of `none`, `ours`, `governor`.
 
 use std::borrow::Cow;
+use std::future::Future;
 use std::sync::Arc;
 
 use axum::Router;
@@ -67,10 +68,106 @@ fn app(mode: &str) -> Router {
     }
 }
 
+/// `RateTier::check` / governor's `check_key` alone, 10,000 keys round robin.
+fn core(mode: &str, n: usize) {
+    let keys: Vec<String> = (0..10_000).map(|i| format!("user-{i:05}")).collect();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let _entered = rt.enter();
+    let mut ok = 0usize;
+    if mode == "core-ours" {
+        let tiers = RateTier::builder()
+            .tier("free", Quota::per_second(1_000_000))
+            .build();
+        let waker = std::task::Waker::noop();
+        let mut cx = std::task::Context::from_waker(waker);
+        for i in 0..n {
+            let key = &keys[i % keys.len()];
+            let mut check = std::pin::pin!(tiers.check(key, "free", 1));
+            if let std::task::Poll::Ready(Ok(Ok(_))) = check.as_mut().poll(&mut cx) {
+                ok += 1;
+            }
+        }
+    } else {
+        let limiter = governor::RateLimiter::dashmap(governor::Quota::per_second(
+            std::num::NonZeroU32::new(1_000_000).expect("non-zero"),
+        ));
+        for i in 0..n {
+            ok += usize::from(limiter.check_key(&keys[i % keys.len()]).is_ok());
+        }
+    }
+    assert_eq!(ok, n, "every check must be admitted");
+}
+
+/// Alternating rounds of 200,000 checks each, ours then governor's; prints
+/// the fastest round of each (the least disturbed by other load).
+fn core_ab(rounds: usize) {
+    let keys: Vec<String> = (0..10_000).map(|i| format!("user-{i:05}")).collect();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let _entered = rt.enter();
+    let tiers = RateTier::builder()
+        .tier("free", Quota::per_second(1_000_000))
+        .build();
+    let limiter = governor::RateLimiter::dashmap(governor::Quota::per_second(
+        std::num::NonZeroU32::new(1_000_000).expect("non-zero"),
+    ));
+    let waker = std::task::Waker::noop();
+    let mut cx = std::task::Context::from_waker(waker);
+    let mut ours = |n: usize| {
+        let mut ok = 0usize;
+        for i in 0..n {
+            let key = &keys[i % keys.len()];
+            let mut check = std::pin::pin!(tiers.check(std::hint::black_box(key), "free", 1));
+            if let std::task::Poll::Ready(Ok(Ok(_))) = check.as_mut().poll(&mut cx) {
+                ok += 1;
+            }
+        }
+        ok
+    };
+    let gov = |n: usize| {
+        let mut ok = 0usize;
+        for i in 0..n {
+            ok += usize::from(
+                limiter
+                    .check_key(std::hint::black_box(&keys[i % keys.len()]))
+                    .is_ok(),
+            );
+        }
+        ok
+    };
+    assert_eq!(ours(10_000), 10_000);
+    assert_eq!(gov(10_000), 10_000);
+    let (mut best_ours, mut best_gov) = (f64::MAX, f64::MAX);
+    const N: usize = 200_000;
+    for _ in 0..rounds {
+        let t = std::time::Instant::now();
+        assert_eq!(ours(N), N);
+        best_ours = best_ours.min(t.elapsed().as_nanos() as f64 / N as f64);
+        let t = std::time::Instant::now();
+        assert_eq!(gov(N), N);
+        best_gov = best_gov.min(t.elapsed().as_nanos() as f64 / N as f64);
+    }
+    println!(
+        "ours {best_ours:.1} ns/check, governor {best_gov:.1} ns/check, ratio {:.2}",
+        best_ours / best_gov
+    );
+}
+
 fn main() {
     let mut args = std::env::args().skip(1);
     let mode = args.next().unwrap_or_else(|| "ours".into());
     let n: usize = args.next().and_then(|n| n.parse().ok()).unwrap_or(10_000);
+    if mode == "core-ab" {
+        return core_ab(n);
+    }
+    if mode.starts_with("core-") {
+        return core(&mode, n);
+    }
     let users: Vec<HeaderValue> = (0..USERS)
         .map(|i| HeaderValue::from_str(&format!("user-{i}")).expect("ascii"))
         .collect();

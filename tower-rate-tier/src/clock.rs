@@ -24,7 +24,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Nanoseconds since the Unix epoch.
 pub type Nanos = u64;
@@ -43,9 +43,11 @@ impl<C: Clock + ?Sized> Clock for Arc<C> {
 
 /// The process clock: wall-clock time, advanced monotonically.
 ///
-/// The wall clock is read once per process; from then on time advances with
-/// [`Instant`], so it never moves backwards within a process. All
-/// `SystemClock`s of a process share that anchor.
+/// The wall clock is read once per process; from then on time advances with a
+/// monotonic clock ([`quanta`](https://docs.rs/quanta): the CPU's invariant
+/// time-stamp counter where it has one, the OS monotonic clock otherwise), so
+/// it never moves backwards within a process and costs a few nanoseconds to
+/// read. All `SystemClock`s of a process share that anchor.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SystemClock;
 
@@ -56,22 +58,30 @@ impl SystemClock {
     }
 }
 
-fn anchor() -> &'static (Instant, Nanos) {
-    static ANCHOR: OnceLock<(Instant, Nanos)> = OnceLock::new();
+struct Anchor {
+    clock: quanta::Clock,
+    start: u64,
+    wall: Nanos,
+}
+
+fn anchor() -> &'static Anchor {
+    static ANCHOR: OnceLock<Anchor> = OnceLock::new();
     ANCHOR.get_or_init(|| {
+        let clock = quanta::Clock::new();
+        let start = clock.raw();
         let wall = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
             .unwrap_or(0);
-        (Instant::now(), wall)
+        Anchor { clock, start, wall }
     })
 }
 
 impl Clock for SystemClock {
     fn now(&self) -> Nanos {
-        let (start, wall) = *anchor();
-        let elapsed = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        wall.saturating_add(elapsed)
+        let anchor = anchor();
+        let elapsed = anchor.clock.delta_as_nanos(anchor.start, anchor.clock.raw());
+        anchor.wall.saturating_add(elapsed)
     }
 }
 

@@ -62,6 +62,7 @@ use smallvec::SmallVec;
 use tower_layer::Layer;
 use tower_service::Service;
 
+use crate::future::ResponseFuture;
 use crate::layer::{RateLimitEvent, Shared};
 use crate::response;
 use crate::tier::{CheckError, RateLimitInfo, TierId};
@@ -241,10 +242,7 @@ impl Charge {
         let extra = declared - charged;
         match tiers.check_id(&self.user, self.tier, extra).await {
             Ok(Ok(info)) => {
-                let mut state = self.lock();
-                state.charged = declared;
-                state.source = source;
-                state.outcome = Outcome::Admitted(info);
+                self.admitted(declared, source, info);
                 Ok(())
             }
             Err(CheckError::Storage(error)) => self.storage_failed(&error, charged).await,
@@ -257,10 +255,7 @@ impl Charge {
                 self.lock().charged = 0;
                 match tiers.check_id(&self.user, self.tier, declared).await {
                     Ok(Ok(info)) => {
-                        let mut state = self.lock();
-                        state.charged = declared;
-                        state.source = source;
-                        state.outcome = Outcome::Admitted(info);
+                        self.admitted(declared, source, info);
                         Ok(())
                     }
                     Ok(Err(limited)) => {
@@ -275,6 +270,13 @@ impl Charge {
                 }
             }
         }
+    }
+
+    fn admitted(&self, charged: u32, source: Source, info: RateLimitInfo) {
+        let mut state = self.lock();
+        state.charged = charged;
+        state.source = source;
+        state.outcome = Outcome::Admitted(info);
     }
 
     async fn storage_failed(
@@ -530,8 +532,6 @@ pub struct TierCostService<S> {
     cost: u32,
 }
 
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
-
 impl<S, ReqB, ResB> Service<Request<ReqB>> for TierCostService<S>
 where
     S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
@@ -541,7 +541,7 @@ where
 {
     type Response = Response<ResB>;
     type Error = S::Error;
-    type Future = CostFuture<S::Future, ResB, S::Error>;
+    type Future = ResponseFuture<S::Future, ResB, S::Error>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -553,28 +553,20 @@ where
         if all_decide_now(charges.as_ref()) {
             let settled = now_or_never(settle_all(charges.as_ref(), cost, Source::RouteLayer));
             return match settled {
-                Some(Ok(())) => CostFuture::Inner {
-                    future: self.inner.call(req),
-                },
-                Some(Err(refusal)) => CostFuture::Ready {
-                    response: Some(refusal.map(ResB::from)),
-                },
-                None => CostFuture::Ready {
-                    response: Some(internal_error().map(ResB::from)),
-                },
+                Some(Ok(())) => ResponseFuture::inner(self.inner.call(req), None),
+                Some(Err(refusal)) => ResponseFuture::refuse(refusal.map(ResB::from)),
+                None => ResponseFuture::refuse(internal_error().map(ResB::from)),
             };
         }
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        CostFuture::Slow {
-            future: Box::pin(async move {
-                let mut inner = inner;
-                match settle_all(charges.as_ref(), cost, Source::RouteLayer).await {
-                    Ok(()) => inner.call(req).await,
-                    Err(refusal) => Ok(refusal.map(ResB::from)),
-                }
-            }),
-        }
+        ResponseFuture::boxed(Box::pin(async move {
+            let mut inner = inner;
+            match settle_all(charges.as_ref(), cost, Source::RouteLayer).await {
+                Ok(()) => inner.call(req).await,
+                Err(refusal) => Ok(refusal.map(ResB::from)),
+            }
+        }))
     }
 }
 
@@ -585,44 +577,6 @@ pub(crate) fn internal_error() -> Response<Bytes> {
         "the rate limiter could not decide",
         serde_json::Value::Null,
     )
-}
-
-pin_project! {
-    /// The response future of [`TierCostService`].
-    #[project = CostFutureProj]
-    #[allow(missing_docs)]
-    pub enum CostFuture<F, B, E> {
-        /// The route runs.
-        Inner { #[pin] future: F },
-        /// Refused without running the route.
-        Ready { response: Option<Response<B>> },
-        /// Settling waits for the storage.
-        Slow { future: BoxFuture<Result<Response<B>, E>> },
-    }
-}
-
-impl<F, B, E> Future for CostFuture<F, B, E>
-where
-    F: Future<Output = Result<Response<B>, E>>,
-{
-    type Output = Result<Response<B>, E>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project() {
-            CostFutureProj::Inner { future } => future.poll(cx),
-            CostFutureProj::Ready { response } => match response.take() {
-                Some(response) => Poll::Ready(Ok(response)),
-                None => Poll::Pending,
-            },
-            CostFutureProj::Slow { future } => future.as_mut().poll(cx),
-        }
-    }
-}
-
-impl<F, B, E> fmt::Debug for CostFuture<F, B, E> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("CostFuture")
-    }
 }
 
 /// What `#[tier_cost(N)]` adds to a handler: an extractor that settles the

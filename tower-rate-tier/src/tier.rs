@@ -31,7 +31,9 @@ use http::StatusCode;
 use crate::clock::{Clock, Nanos, SystemClock};
 use crate::gcra::BandState;
 use crate::quota::{IntoQuotas, Quota};
-use crate::storage::{BandStates, Decision, MAX_BANDS, MemoryStorage, Storage, StorageError, StorageKey};
+use crate::storage::{
+    BandStates, Decision, MAX_BANDS, MemoryStorage, PreparedScope, Storage, StorageError, StorageKey,
+};
 
 /// Up to this many tiers, a name is looked up by comparing, not hashing.
 const LINEAR_LOOKUP_MAX_TIERS: usize = 8;
@@ -360,6 +362,8 @@ pub struct RateTier {
 
 struct TierConfig {
     tiers: Box<[Arc<TierEntry>]>,
+    /// The storage's handles on each tier's keys (same order as `tiers`).
+    prepared: Box<[Option<PreparedScope>]>,
     by_name: HashMap<Box<str>, usize, foldhash::fast::RandomState>,
     default_tier: Option<usize>,
     on_missing: OnMissing,
@@ -496,10 +500,12 @@ impl RateTier {
             Ok(entry) => entry,
             Err(done) => return Some(done),
         };
-        let decision = self
-            .inner
-            .storage
-            .check_now(self.key(user, entry), &entry.bands, cost)?;
+        let key = self.key(user, entry);
+        let storage = &self.inner.storage;
+        let decision = match &self.inner.prepared[id.0] {
+            Some(scope) => storage.check_prepared_now(scope, key, &entry.bands, cost)?,
+            None => storage.check_now(key, &entry.bands, cost)?,
+        };
         Some(decision.map(|d| outcome(entry, d)).map_err(CheckError::Storage))
     }
 
@@ -524,10 +530,12 @@ impl RateTier {
         if entry.unlimited || cost == 0 {
             return Some(Ok(()));
         }
-        let done = self
-            .inner
-            .storage
-            .refund_now(self.key(user, entry), &entry.bands, cost)?;
+        let key = self.key(user, entry);
+        let storage = &self.inner.storage;
+        let done = match &self.inner.prepared[id.0] {
+            Some(scope) => storage.refund_prepared_now(scope, key, &entry.bands, cost)?,
+            None => storage.refund_now(key, &entry.bands, cost)?,
+        };
         Some(done.map_err(CheckError::Storage))
     }
 
@@ -745,17 +753,25 @@ impl RateTierBuilder {
             ),
         };
         let clock: Arc<dyn Clock> = self.clock.unwrap_or_else(|| Arc::new(SystemClock));
+        // Calibrates the process clock now rather than on the first request.
+        let _ = clock.now();
         let storage: Arc<dyn Storage> = self.storage.unwrap_or_else(|| Arc::new(MemoryStorage::new()));
         storage.use_clock(clock.clone());
+        let namespace: Box<str> = self.namespace.into();
+        let prepared = tiers
+            .iter()
+            .map(|t| storage.prepare(&namespace, &t.name))
+            .collect();
         Ok(RateTier {
             inner: Arc::new(TierConfig {
+                prepared,
                 tiers: tiers.into(),
                 by_name,
                 default_tier,
                 on_missing: self.on_missing,
                 storage,
                 clock,
-                namespace: self.namespace.into(),
+                namespace,
             }),
         })
     }

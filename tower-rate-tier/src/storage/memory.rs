@@ -2,21 +2,23 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::{Arc, OnceLock, PoisonError, RwLock, Weak};
 use std::time::Duration;
 
 use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
 use smallvec::SmallVec;
 
-use super::{BandStates, Decision, MAX_BANDS, Storage, StorageError, StorageErrorKind, StorageKey};
+use super::{
+    BandStates, Decision, MAX_BANDS, PreparedScope, Storage, StorageError, StorageErrorKind, StorageKey,
+};
 use crate::clock::{Clock, Nanos, SystemClock};
 use crate::gcra;
 use crate::quota::Quota;
 
 type Hasher = foldhash::fast::RandomState;
-type Key = Box<[u8]>;
-type KeyBuf = SmallVec<[u8; 96]>;
+/// A user id; the namespace and tier are those of the [`Scope`] holding it.
+type Key = Box<str>;
 
 const SHARDS: usize = 64;
 const DEFAULT_MAX_KEYS: usize = 1_000_000;
@@ -27,12 +29,14 @@ const INLINE_SWEEP_EVERY_NS: u64 = 1_000_000_000;
 
 /// GCRA state in this process's memory.
 ///
-/// * One TAT per key and band, updated atomically per key under a DashMap
+/// * One map per tier of each limiter (namespace and tier), keyed by user id,
+///   holding one TAT per band, updated atomically per key under a DashMap
 ///   shard lock; a multi-band decision locks its one entry, so it is all or
 ///   nothing.
-/// * The hot path neither allocates (keys are assembled on the stack; only a
-///   key seen for the first time is allocated) nor boxes a future: the runtime
-///   calls [`Storage::check_now`].
+/// * The hot path neither allocates (only a user seen for the first time is)
+///   nor formats a key nor boxes a future: a `RateTier` resolves each tier's
+///   map once ([`Storage::prepare`]) and calls the synchronous
+///   [`Storage::check_prepared_now`].
 /// * Expired keys are removed by a background task every
 ///   [`gc_interval`](MemoryStorageBuilder::gc_interval) (default 60 s). The
 ///   task starts with the first check made inside a tokio runtime (so building
@@ -61,8 +65,9 @@ pub struct MemoryStorage {
 }
 
 struct Inner {
-    single: DashMap<Key, Nanos, Hasher>,
-    multi: DashMap<Key, Box<[Nanos]>, Hasher>,
+    /// Tells this storage's scopes from those of another.
+    id: u64,
+    scopes: RwLock<Vec<Arc<Scope>>>,
     len: AtomicUsize,
     max_keys: usize,
     gc_interval: Duration,
@@ -118,10 +123,11 @@ impl MemoryStorageBuilder {
         if let Some(c) = self.clock {
             let _ = clock.set(c);
         }
+        static IDS: AtomicU64 = AtomicU64::new(0);
         MemoryStorage {
             inner: Arc::new(Inner {
-                single: new_map(),
-                multi: new_map(),
+                id: IDS.fetch_add(1, Ordering::Relaxed),
+                scopes: RwLock::new(Vec::new()),
                 len: AtomicUsize::new(0),
                 max_keys: self.max_keys,
                 gc_interval: self.gc_interval,
@@ -179,38 +185,105 @@ impl MemoryStorage {
         handle.spawn(gc_loop(weak, self.inner.gc_interval));
     }
 
-    fn check_sync(&self, key: StorageKey<'_>, bands: &[Quota], cost: u32) -> Result<Decision, StorageError> {
+    fn check_sync(
+        &self,
+        scope: Option<&PreparedScope>,
+        key: StorageKey<'_>,
+        bands: &[Quota],
+        cost: u32,
+    ) -> Result<Decision, StorageError> {
         self.ensure_gc();
         let inner = &*self.inner;
         let now = inner.now();
-        let kb = encode(key)?;
-        if let [quota] = bands {
-            inner.check_single(&kb, now, quota, cost)
-        } else {
-            inner.check_multi(&kb, now, bands, cost)
-        }
+        inner.with_scope(scope, key, |scope| {
+            if let [quota] = bands {
+                inner.check_single(scope, key.user, now, quota, cost)
+            } else {
+                inner.check_multi(scope, key.user, now, bands, cost)
+            }
+        })
     }
 
-    fn refund_sync(&self, key: StorageKey<'_>, bands: &[Quota], cost: u32) -> Result<(), StorageError> {
+    fn refund_sync(
+        &self,
+        scope: Option<&PreparedScope>,
+        key: StorageKey<'_>,
+        bands: &[Quota],
+        cost: u32,
+    ) -> Result<(), StorageError> {
         let inner = &*self.inner;
         let now = inner.now();
-        let kb = encode(key)?;
-        if let [quota] = bands {
-            if let Some(mut tat) = inner.single.get_mut(&kb[..]) {
-                *tat = gcra::refund(Some(*tat), now, quota, cost).unwrap_or(now);
-            }
-        } else if let Some(mut tats) = inner.multi.get_mut(&kb[..]) {
-            if tats.len() == bands.len() {
-                for (tat, quota) in tats.iter_mut().zip(bands) {
+        inner.with_scope(scope, key, |scope| {
+            if let [quota] = bands {
+                if let Some(mut tat) = scope.single.get_mut(key.user) {
                     *tat = gcra::refund(Some(*tat), now, quota, cost).unwrap_or(now);
                 }
+            } else if let Some(mut tats) = scope.multi.get_mut(key.user) {
+                if tats.len() == bands.len() {
+                    for (tat, quota) in tats.iter_mut().zip(bands) {
+                        *tat = gcra::refund(Some(*tat), now, quota, cost).unwrap_or(now);
+                    }
+                }
             }
-        }
-        Ok(())
+            Ok(())
+        })
     }
 }
 
+/// The keys of one tier of one limiter.
+struct Scope {
+    owner: u64,
+    namespace: Box<str>,
+    tier: Box<str>,
+    single: DashMap<Key, Nanos, Hasher>,
+    multi: DashMap<Key, Box<[Nanos]>, Hasher>,
+}
+
 impl Inner {
+    /// The scope of `namespace` and `tier`, created on first use.
+    fn scope(&self, namespace: &str, tier: &str) -> Arc<Scope> {
+        let find = |scopes: &Vec<Arc<Scope>>| {
+            scopes
+                .iter()
+                .find(|s| *s.namespace == *namespace && *s.tier == *tier)
+                .cloned()
+        };
+        if let Some(scope) = find(&self.scopes.read().unwrap_or_else(PoisonError::into_inner)) {
+            return scope;
+        }
+        let mut scopes = self.scopes.write().unwrap_or_else(PoisonError::into_inner);
+        if let Some(scope) = find(&scopes) {
+            return scope;
+        }
+        let scope = Arc::new(Scope {
+            owner: self.id,
+            namespace: namespace.into(),
+            tier: tier.into(),
+            single: new_map(),
+            multi: new_map(),
+        });
+        scopes.push(scope.clone());
+        scope
+    }
+
+    /// Runs `f` on the scope of `key`: the prepared one when it is this
+    /// storage's, else looked up by name.
+    fn with_scope<R>(
+        &self,
+        prepared: Option<&PreparedScope>,
+        key: StorageKey<'_>,
+        f: impl FnOnce(&Scope) -> Result<R, StorageError>,
+    ) -> Result<R, StorageError> {
+        if let Some(scope) = prepared.and_then(|p| p.downcast_ref::<Scope>()) {
+            // A prepared scope is made for its tier's key, by this storage
+            // (`owner`) or another one.
+            if scope.owner == self.id {
+                return f(scope);
+            }
+        }
+        f(&self.scope(key.namespace, key.tier))
+    }
+
     fn now(&self) -> Nanos {
         match self.clock.get() {
             Some(clock) => clock.now(),
@@ -220,12 +293,13 @@ impl Inner {
 
     fn check_single(
         &self,
-        kb: &[u8],
+        scope: &Scope,
+        user: &str,
         now: Nanos,
         quota: &Quota,
         cost: u32,
     ) -> Result<Decision, StorageError> {
-        if let Some(mut tat) = self.single.get_mut(kb) {
+        if let Some(mut tat) = scope.single.get_mut(user) {
             let d = gcra::decide(Some(*tat), now, quota, cost);
             if let Some(new) = d.new_tat {
                 *tat = new;
@@ -237,7 +311,7 @@ impl Inner {
             return Ok(one_band(d, now));
         }
         self.reserve_slot(now)?;
-        match self.single.entry(Box::from(kb)) {
+        match scope.single.entry(Box::from(user)) {
             Entry::Occupied(mut e) => {
                 // Another request inserted the key meanwhile: decide again
                 // against its state.
@@ -259,7 +333,8 @@ impl Inner {
 
     fn check_multi(
         &self,
-        kb: &[u8],
+        scope: &Scope,
+        user: &str,
         now: Nanos,
         bands: &[Quota],
         cost: u32,
@@ -293,7 +368,7 @@ impl Inner {
                 new,
             )
         };
-        if let Some(mut stored) = self.multi.get_mut(kb) {
+        if let Some(mut stored) = scope.multi.get_mut(user) {
             let (decision, new) = apply(Some(&stored));
             if let Some(new) = new {
                 *stored = new;
@@ -305,7 +380,7 @@ impl Inner {
             return Ok(decision);
         }
         self.reserve_slot(now)?;
-        match self.multi.entry(Box::from(kb)) {
+        match scope.multi.entry(Box::from(user)) {
             Entry::Occupied(mut e) => {
                 self.len.fetch_sub(1, Ordering::Relaxed);
                 let (decision, new) = apply(Some(e.get()));
@@ -358,17 +433,20 @@ impl Inner {
 
     fn sweep(&self) -> usize {
         let now = self.now();
+        let scopes = self.scopes.read().unwrap_or_else(PoisonError::into_inner).clone();
         let mut removed = 0usize;
-        self.single.retain(|_, tat| {
-            let keep = !gcra::is_expired(*tat, now);
-            removed += usize::from(!keep);
-            keep
-        });
-        self.multi.retain(|_, tats| {
-            let keep = tats.iter().any(|tat| !gcra::is_expired(*tat, now));
-            removed += usize::from(!keep);
-            keep
-        });
+        for scope in scopes {
+            scope.single.retain(|_, tat| {
+                let keep = !gcra::is_expired(*tat, now);
+                removed += usize::from(!keep);
+                keep
+            });
+            scope.multi.retain(|_, tats| {
+                let keep = tats.iter().any(|tat| !gcra::is_expired(*tat, now));
+                removed += usize::from(!keep);
+                keep
+            });
+        }
         self.len.fetch_sub(removed, Ordering::Relaxed);
         removed
     }
@@ -386,24 +464,6 @@ fn one_band(d: gcra::BandDecision, now: Nanos) -> Decision {
         now,
         bands,
     }
-}
-
-/// `[namespace length][namespace][tier length][tier][user]`: unambiguous, and
-/// assembled on the stack for ids up to about 90 bytes.
-fn encode(key: StorageKey<'_>) -> Result<KeyBuf, StorageError> {
-    let (Ok(ns_len), Ok(tier_len)) = (u8::try_from(key.namespace.len()), u8::try_from(key.tier.len())) else {
-        return Err(StorageError::new(
-            StorageErrorKind::Other,
-            "namespace and tier names are limited to 255 bytes",
-        ));
-    };
-    let mut kb = KeyBuf::new();
-    kb.push(ns_len);
-    kb.extend_from_slice(key.namespace.as_bytes());
-    kb.push(tier_len);
-    kb.extend_from_slice(key.tier.as_bytes());
-    kb.extend_from_slice(key.user.as_bytes());
-    Ok(kb)
 }
 
 struct ResetOnDrop(Weak<Inner>);
@@ -435,11 +495,11 @@ async fn gc_loop(weak: Weak<Inner>, every: Duration) {
 #[async_trait::async_trait]
 impl Storage for MemoryStorage {
     async fn check(&self, key: StorageKey<'_>, bands: &[Quota], cost: u32) -> Result<Decision, StorageError> {
-        self.check_sync(key, bands, cost)
+        self.check_sync(None, key, bands, cost)
     }
 
     async fn refund(&self, key: StorageKey<'_>, bands: &[Quota], cost: u32) -> Result<(), StorageError> {
-        self.refund_sync(key, bands, cost)
+        self.refund_sync(None, key, bands, cost)
     }
 
     fn check_now(
@@ -448,7 +508,7 @@ impl Storage for MemoryStorage {
         bands: &[Quota],
         cost: u32,
     ) -> Option<Result<Decision, StorageError>> {
-        Some(self.check_sync(key, bands, cost))
+        Some(self.check_sync(None, key, bands, cost))
     }
 
     fn refund_now(
@@ -457,7 +517,31 @@ impl Storage for MemoryStorage {
         bands: &[Quota],
         cost: u32,
     ) -> Option<Result<(), StorageError>> {
-        Some(self.refund_sync(key, bands, cost))
+        Some(self.refund_sync(None, key, bands, cost))
+    }
+
+    fn prepare(&self, namespace: &str, tier: &str) -> Option<PreparedScope> {
+        Some(PreparedScope::new(self.inner.scope(namespace, tier)))
+    }
+
+    fn check_prepared_now(
+        &self,
+        scope: &PreparedScope,
+        key: StorageKey<'_>,
+        bands: &[Quota],
+        cost: u32,
+    ) -> Option<Result<Decision, StorageError>> {
+        Some(self.check_sync(Some(scope), key, bands, cost))
+    }
+
+    fn refund_prepared_now(
+        &self,
+        scope: &PreparedScope,
+        key: StorageKey<'_>,
+        bands: &[Quota],
+        cost: u32,
+    ) -> Option<Result<(), StorageError>> {
+        Some(self.refund_sync(Some(scope), key, bands, cost))
     }
 
     fn decides_now(&self) -> bool {

@@ -13,6 +13,7 @@
 //! A storage is addressed by a structured [`StorageKey`] (namespace, tier,
 //! user), never a formatted string, so backends choose their own encoding.
 
+use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
@@ -35,8 +36,9 @@ pub use memory::{MemoryStorage, MemoryStorageBuilder};
 /// per check), so this also bounds the size of every decision.
 pub const MAX_BANDS: usize = 4;
 
-/// Per-band states of one decision, in the order of the tier's bands.
-pub type BandStates = ArrayVec<BandState, MAX_BANDS>;
+/// Per-band states of one decision, in the order of the tier's bands (one
+/// band inline, as most tiers have).
+pub type BandStates = smallvec::SmallVec<[BandState; 1]>;
 
 /// Which bucket a decision is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -111,6 +113,31 @@ impl fmt::Display for StorageError {
 
 impl std::error::Error for StorageError {}
 
+/// A storage's handle on the keys of one tier of one limiter, made once when
+/// a [`RateTier`](crate::RateTier) is built ([`Storage::prepare`]) so that
+/// per-request calls need not look the tier up again. Opaque to everyone but
+/// the storage that made it.
+#[derive(Clone)]
+pub struct PreparedScope(Arc<dyn Any + Send + Sync>);
+
+impl PreparedScope {
+    /// Wraps a storage's own handle.
+    pub fn new<T: Any + Send + Sync>(handle: Arc<T>) -> Self {
+        PreparedScope(handle)
+    }
+
+    /// The storage's own handle, if it is a `T`.
+    pub fn downcast_ref<T: Any>(&self) -> Option<&T> {
+        self.0.downcast_ref::<T>()
+    }
+}
+
+impl fmt::Debug for PreparedScope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("PreparedScope")
+    }
+}
+
 /// A backend holding GCRA state.
 ///
 /// Object safe: the runtime holds it as `Arc<dyn Storage>`. Backends that can
@@ -148,6 +175,40 @@ pub trait Storage: Send + Sync + fmt::Debug + 'static {
     ) -> Option<Result<(), StorageError>> {
         let _ = (key, bands, cost);
         None
+    }
+
+    /// Resolves the keys of one tier of one limiter ahead of time (called
+    /// once per tier when a `RateTier` is built). Backends that gain nothing
+    /// from it return `None` (the default).
+    fn prepare(&self, namespace: &str, tier: &str) -> Option<PreparedScope> {
+        let _ = (namespace, tier);
+        None
+    }
+
+    /// [`check_now`](Self::check_now) with the handle
+    /// [`prepare`](Self::prepare) made for `key`'s namespace and tier.
+    fn check_prepared_now(
+        &self,
+        scope: &PreparedScope,
+        key: StorageKey<'_>,
+        bands: &[Quota],
+        cost: u32,
+    ) -> Option<Result<Decision, StorageError>> {
+        let _ = scope;
+        self.check_now(key, bands, cost)
+    }
+
+    /// [`refund_now`](Self::refund_now) with the handle
+    /// [`prepare`](Self::prepare) made for `key`'s namespace and tier.
+    fn refund_prepared_now(
+        &self,
+        scope: &PreparedScope,
+        key: StorageKey<'_>,
+        bands: &[Quota],
+        cost: u32,
+    ) -> Option<Result<(), StorageError>> {
+        let _ = scope;
+        self.refund_now(key, bands, cost)
     }
 
     /// Whether [`check_now`](Self::check_now) and
@@ -192,6 +253,30 @@ impl<S: Storage + ?Sized> Storage for Arc<S> {
         cost: u32,
     ) -> Option<Result<(), StorageError>> {
         (**self).refund_now(key, bands, cost)
+    }
+
+    fn prepare(&self, namespace: &str, tier: &str) -> Option<PreparedScope> {
+        (**self).prepare(namespace, tier)
+    }
+
+    fn check_prepared_now(
+        &self,
+        scope: &PreparedScope,
+        key: StorageKey<'_>,
+        bands: &[Quota],
+        cost: u32,
+    ) -> Option<Result<Decision, StorageError>> {
+        (**self).check_prepared_now(scope, key, bands, cost)
+    }
+
+    fn refund_prepared_now(
+        &self,
+        scope: &PreparedScope,
+        key: StorageKey<'_>,
+        bands: &[Quota],
+        cost: u32,
+    ) -> Option<Result<(), StorageError>> {
+        (**self).refund_prepared_now(scope, key, bands, cost)
     }
 
     fn decides_now(&self) -> bool {
