@@ -47,7 +47,10 @@
 //! our side may still have run on the server and counted the request.** The
 //! connection is re-established in the background; checks succeed again as
 //! soon as Redis answers. A malformed stored value is treated as a fresh
-//! state, never a panic or a permanent deny.
+//! state, never a panic or a permanent deny. On a Cluster, the driver retries
+//! a call once after a redirection (`MOVED`/`ASK`) or a connection error; a
+//! retry after a connection error can, like a timeout, count a request that
+//! had already been counted.
 
 use std::fmt;
 use std::sync::Arc;
@@ -180,7 +183,8 @@ impl RedisStorageBuilder {
     }
 
     /// The first part of every key (default `trt`). Storages with different
-    /// prefixes never share state.
+    /// prefixes never share state. It must not contain `{` or `}` (the hash
+    /// tag is the storage's own); [`connect`](Self::connect) refuses it.
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
         self
@@ -219,6 +223,7 @@ impl RedisStorageBuilder {
     /// server (any cluster node given) does not answer within the timeout
     /// (at least 1 s for this first connection).
     pub async fn connect(self) -> Result<RedisStorage, StorageError> {
+        let keys = KeyCodec::new(self.prefix.clone(), self.secret.as_deref())?;
         let connect_timeout = self.timeout.max(Duration::from_secs(1));
         let conn = if self.cluster {
             let client = ClusterClientBuilder::new(self.urls.clone())
@@ -258,7 +263,6 @@ impl RedisStorageBuilder {
             .map_err(|e| error_from(&e))?;
             Conn::Single(conn)
         };
-        let keys = KeyCodec::new(self.prefix, self.secret.as_deref())?;
         let sha = redis::Script::new(SCRIPT).get_hash().into();
         Ok(RedisStorage {
             inner: Arc::new(Inner {
@@ -275,6 +279,14 @@ impl RedisStorageBuilder {
 
 impl KeyCodec {
     fn new(prefix: String, secret: Option<&[u8]>) -> Result<Self, StorageError> {
+        if prefix.contains(['{', '}']) {
+            // Cluster would take a brace pair in the prefix as every key's
+            // hash tag: all users in one slot.
+            return Err(StorageError::new(
+                StorageErrorKind::Other,
+                "the Redis key prefix must not contain `{` or `}`",
+            ));
+        }
         let secret = match secret {
             None => None,
             Some(bytes) => Some(
@@ -658,6 +670,12 @@ mod tests {
         let digest: [u8; 32] = h.finalize().into();
         let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
         assert_eq!(k(&plain), format!("trt:{{{hex}}}:b0"));
+    }
+
+    #[test]
+    fn a_prefix_with_braces_is_refused() {
+        assert!(KeyCodec::new("app{x}".into(), None).is_err());
+        assert!(KeyCodec::new("app:v2".into(), None).is_ok());
     }
 
     #[test]
