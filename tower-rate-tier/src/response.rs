@@ -15,12 +15,14 @@
 //! never 0) and an RFC 9457 `application/problem+json` body with at least
 //! `tier` and `retry_after` members. Unlimited tiers get no rate-limit fields.
 
+use std::sync::{Arc, Weak};
+
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER};
 use http::{HeaderMap, Response, StatusCode};
 use serde_json::json;
 
-use crate::tier::{Detail, RateLimitInfo, RateLimited};
+use crate::tier::{Detail, RateLimitInfo, RateLimited, TierEntry};
 
 /// `X-RateLimit-Limit`.
 pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
@@ -49,7 +51,10 @@ fn num(n: u64) -> HeaderValue {
 /// is an allocation.
 struct ValueCache {
     numbers: Vec<Option<(u64, HeaderValue)>>,
-    ratelimit: Vec<Option<(RateLimitKey, HeaderValue)>>,
+    /// With a weak reference to the tier its key names by address: it keeps
+    /// the allocation, so no other tier can get that address (and this
+    /// value) while the slot holds it.
+    ratelimit: Vec<Option<(RateLimitKey, HeaderValue, Weak<TierEntry>)>>,
 }
 
 /// A single-band `RateLimit` value: the tier (by address), `r` and `t`.
@@ -157,15 +162,28 @@ fn ratelimit_value(detail: &Detail) -> Option<HeaderValue> {
 }
 
 fn cached_ratelimit(detail: &Detail) -> Option<HeaderValue> {
-    match detail.bands.as_slice() {
-        [band] => {
-            let t = secs_ceil(band.reset_after_ns);
-            let key = (std::sync::Arc::as_ptr(&detail.tier) as usize, band.remaining, t);
-            let hash = (key.0 as u64) ^ u64::from(band.remaining).rotate_left(20) ^ t.rotate_left(40);
-            cached(|c| &mut c.ratelimit, key, hash, || ratelimit_value(detail))
-        }
-        _ => ratelimit_value(detail),
-    }
+    let [band] = detail.bands.as_slice() else {
+        return ratelimit_value(detail);
+    };
+    let t = secs_ceil(band.reset_after_ns);
+    let key = (Arc::as_ptr(&detail.tier) as usize, band.remaining, t);
+    let hash = (key.0 as u64) ^ u64::from(band.remaining).rotate_left(20) ^ t.rotate_left(40);
+    CACHE
+        .try_with(|cache| {
+            let mut cache = cache.try_borrow_mut().ok()?;
+            let entry = cache.ratelimit.get_mut(slot(hash))?;
+            if let Some((k, v, _)) = entry {
+                if *k == key {
+                    return Some(v.clone());
+                }
+            }
+            let value = ratelimit_value(detail)?;
+            *entry = Some((key, value.clone(), Arc::downgrade(&detail.tier)));
+            Some(value)
+        })
+        .ok()
+        .flatten()
+        .or_else(|| ratelimit_value(detail))
 }
 
 fn insert_common(headers: &mut HeaderMap, detail: &Detail, limit: u32, remaining: u32, reset_at: u64) {

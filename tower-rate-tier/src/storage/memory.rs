@@ -194,12 +194,11 @@ impl MemoryStorage {
     ) -> Result<Decision, StorageError> {
         self.ensure_gc();
         let inner = &*self.inner;
-        let now = inner.now();
         inner.with_scope(scope, key, |scope| {
             if let [quota] = bands {
-                inner.check_single(scope, key.user, now, quota, cost)
+                inner.check_single(scope, key.user, quota, cost)
             } else {
-                inner.check_multi(scope, key.user, now, bands, cost)
+                inner.check_multi(scope, key.user, bands, cost)
             }
         })
     }
@@ -212,13 +211,15 @@ impl MemoryStorage {
         cost: u32,
     ) -> Result<(), StorageError> {
         let inner = &*self.inner;
-        let now = inner.now();
+        // The clock is read under the key's lock, as in a check.
         inner.with_scope(scope, key, |scope| {
             if let [quota] = bands {
                 if let Some(mut tat) = scope.single.get_mut(key.user) {
+                    let now = inner.now();
                     *tat = gcra::refund(Some(*tat), now, quota, cost).unwrap_or(now);
                 }
             } else if let Some(mut tats) = scope.multi.get_mut(key.user) {
+                let now = inner.now();
                 if tats.len() == bands.len() {
                     for (tat, quota) in tats.iter_mut().zip(bands) {
                         *tat = gcra::refund(Some(*tat), now, quota, cost).unwrap_or(now);
@@ -291,21 +292,27 @@ impl Inner {
         }
     }
 
+    /// The clock is read while the key's shard lock is held, so that the
+    /// decisions of one key see non-decreasing times: a reading taken before
+    /// the lock could be older than the key's last decision (its thread was
+    /// descheduled in between), and the GCRA's backwards-clock clamp would
+    /// then give back what that later decision charged.
     fn check_single(
         &self,
         scope: &Scope,
         user: &str,
-        now: Nanos,
         quota: &Quota,
         cost: u32,
     ) -> Result<Decision, StorageError> {
         if let Some(mut tat) = scope.single.get_mut(user) {
+            let now = self.now();
             let d = gcra::decide(Some(*tat), now, quota, cost);
             if let Some(new) = d.new_tat {
                 *tat = new;
             }
             return Ok(one_band(d, now));
         }
+        let now = self.now();
         let d = gcra::decide(None, now, quota, cost);
         if !d.allowed || d.new_tat.is_none() {
             return Ok(one_band(d, now));
@@ -316,6 +323,7 @@ impl Inner {
                 // Another request inserted the key meanwhile: decide again
                 // against its state.
                 self.len.fetch_sub(1, Ordering::Relaxed);
+                let now = self.now();
                 let d = gcra::decide(Some(*e.get()), now, quota, cost);
                 if let Some(new) = d.new_tat {
                     *e.get_mut() = new;
@@ -323,6 +331,8 @@ impl Inner {
                 Ok(one_band(d, now))
             }
             Entry::Vacant(e) => {
+                let now = self.now();
+                let d = gcra::decide(None, now, quota, cost);
                 if let Some(new) = d.new_tat {
                     e.insert(new);
                 }
@@ -331,18 +341,18 @@ impl Inner {
         }
     }
 
+    /// Like [`Inner::check_single`], with the clock read under the lock.
     fn check_multi(
         &self,
         scope: &Scope,
         user: &str,
-        now: Nanos,
         bands: &[Quota],
         cost: u32,
     ) -> Result<Decision, StorageError> {
         if bands.len() > MAX_BANDS {
             return Err(StorageError::new(StorageErrorKind::Other, "too many bands"));
         }
-        let apply = |stored: Option<&[Nanos]>| -> (Decision, Option<Box<[Nanos]>>) {
+        let apply = |stored: Option<&[Nanos]>, now: Nanos| -> (Decision, Option<Box<[Nanos]>>) {
             let mut tats: SmallVec<[Option<Nanos>; MAX_BANDS]> = SmallVec::new();
             match stored {
                 Some(s) if s.len() == bands.len() => tats.extend(s.iter().copied().map(Some)),
@@ -369,13 +379,14 @@ impl Inner {
             )
         };
         if let Some(mut stored) = scope.multi.get_mut(user) {
-            let (decision, new) = apply(Some(&stored));
+            let (decision, new) = apply(Some(&stored), self.now());
             if let Some(new) = new {
                 *stored = new;
             }
             return Ok(decision);
         }
-        let (decision, new) = apply(None);
+        let now = self.now();
+        let (decision, new) = apply(None, now);
         if new.is_none() {
             return Ok(decision);
         }
@@ -383,13 +394,14 @@ impl Inner {
         match scope.multi.entry(Box::from(user)) {
             Entry::Occupied(mut e) => {
                 self.len.fetch_sub(1, Ordering::Relaxed);
-                let (decision, new) = apply(Some(e.get()));
+                let (decision, new) = apply(Some(e.get()), self.now());
                 if let Some(new) = new {
                     *e.get_mut() = new;
                 }
                 Ok(decision)
             }
             Entry::Vacant(e) => {
+                let (decision, new) = apply(None, self.now());
                 if let Some(new) = new {
                     e.insert(new);
                 }

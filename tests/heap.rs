@@ -1,0 +1,139 @@
+//! Live heap and file descriptors, measured with a counting allocator:
+//! a loopback HTTP load, a key-space flood, and bytes per tracked key next to
+//! governor's keyed store. Small versions of the release-mode examples
+//! `http_load` and `flood` (see RELIABILITY.md).
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tower_rate_tier_tests::{flood, heap, http_load};
+
+#[global_allocator]
+static GLOBAL: &stats_alloc::StatsAlloc<std::alloc::System> = &stats_alloc::INSTRUMENTED_SYSTEM;
+
+/// The measurements are process-wide: one test at a time.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn loopback_http_load_has_no_errors_and_leaks_no_fds_or_heap() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let load = http_load::Load {
+        requests: 3_000,
+        concurrency: 32,
+        users: 40,
+        quota: 50,
+        close_every: 50,
+        rounds: 2,
+    };
+    let r = runtime().block_on(http_load::run(load));
+    println!(
+        "http load: {} requests in {:?}: {} ok, {} limited, {} errors; fds {} -> {}; heap {} -> {:?} (peak {})",
+        load.requests,
+        r.elapsed,
+        r.ok,
+        r.limited,
+        r.errors,
+        r.fds_before,
+        r.fds_after,
+        r.heap_before,
+        r.heap_after_rounds,
+        r.heap_peak
+    );
+    assert_eq!(r.errors, 0);
+    assert_eq!(r.ok + r.limited, load.requests);
+    // each user sent 3_072 / 40 ≥ 76 requests, more than the quota of 50:
+    // exactly 50 admitted each over HTTP
+    assert!(
+        r.admitted_per_user.iter().all(|&a| a == 50),
+        "{:?}",
+        r.admitted_per_user
+    );
+    assert!(r.limited > 0);
+    assert!(
+        r.fds_after <= r.fds_before + 2,
+        "fds {} -> {}",
+        r.fds_before,
+        r.fds_after
+    );
+    let grown = heap::delta(r.heap_before, r.heap_after);
+    assert!(grown < 256 * 1024, "live heap grew by {grown} bytes");
+    // what the first round added (per-thread caches of rendered header
+    // values filling up), the second does not add again
+    let second = heap::delta(r.heap_after_rounds[0], r.heap_after_rounds[1]);
+    assert!(second < 32 * 1024, "the second round added {second} bytes");
+}
+
+#[test]
+fn key_flood_stays_under_the_cap_reclaims_and_keeps_legitimate_quotas_exact() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let cap = 5_000;
+    // the cap's size: what exactly `cap` tracked keys take
+    let per_key = flood::bytes_per_key_ours(cap);
+    let cap_size = per_key * cap as f64;
+    let f = flood::Flood {
+        identities: 20_000,
+        max_keys: cap,
+        legit_users: 5,
+        legit_every: 10,
+        // a key lives 6 s, which hold 15,000 arrivals: three times the cap;
+        // the flood lasts 8 s of fake time, so the first keys expire during it
+        step: Duration::from_micros(400),
+    };
+    let r = runtime().block_on(flood::run(f));
+    println!(
+        "flood of {}: {r:?}; cap size {cap_size:.0} B ({per_key:.1} B/key)",
+        f.identities
+    );
+    assert_eq!(r.flood_other, 0);
+    assert_eq!(r.flood_counted + r.flood_uncounted, f.identities);
+    // the cap held and was reached
+    assert!(r.max_len <= cap && r.max_len >= cap * 9 / 10, "{}", r.max_len);
+    assert!(r.flood_uncounted > 0);
+    // expired keys were reclaimed during the flood (more keys were counted
+    // than fit at once) ...
+    assert!(r.flood_counted > cap + cap / 2, "{}", r.flood_counted);
+    // ... and the heap stayed within twice the cap's size (the shards'
+    // tables double once when refilled after a sweep) plus 64 KiB; without
+    // the cap, 15,000 live keys would take 3 times the cap's size
+    let bound = flood::heap_bound(cap_size);
+    assert!(
+        (r.heap_peak_growth as f64) < bound,
+        "peak {} >= {bound}",
+        r.heap_peak_growth
+    );
+    // legitimate users were counted on every request and got exactly
+    // burst + elapsed / interval
+    assert_eq!(r.legit_uncounted, 0);
+    assert_eq!(r.legit_admitted, r.legit_expected);
+    assert!(r.legit_expected.iter().all(|&e| e > 10), "{:?}", r.legit_expected);
+    // an hour later the GC has reclaimed every key, and new users are
+    // counted again
+    assert_eq!(r.len_after_gc, 0);
+    // the keys' own allocations (7 bytes of user id or more each) were
+    // freed; the shards' tables keep their capacity (bounded by the cap)
+    let freed = r.heap_growth_after_flood - r.heap_growth_after_gc;
+    assert!(freed >= 7 * r.len_after_flood as i64, "{freed} bytes freed");
+    assert_eq!(r.counted_after_gc, 1_000);
+}
+
+#[test]
+fn bytes_per_tracked_key_are_no_more_than_governors() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let n = 20_000;
+    let ours = flood::bytes_per_key_ours(n);
+    let governor = flood::bytes_per_key_governor(n);
+    println!("bytes per key at {n} keys: ours {ours:.1}, governor {governor:.1}");
+    assert!(
+        ours > 12.0 && governor > 12.0,
+        "the keys themselves take 12 bytes"
+    );
+    assert!(ours <= governor, "ours {ours:.1} > governor {governor:.1}");
+}
