@@ -658,3 +658,75 @@ async fn layer_fails_open_or_closed_while_redis_is_down() {
         }
     }
 }
+
+/// Issue 7's scenario on Redis: 64 tasks on a multi-threaded runtime hammer
+/// one shared key and one key each (quotas whose refill is negligible during
+/// the run): exactly the quota of every key is admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sixty_four_tasks_admit_exactly_the_quota_of_every_key() {
+    use tower_rate_tier_tests::exactness::{self, Hammer};
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let tiers = exactness::tiers(
+        RateTier::builder().storage(storage(&server.url()).await),
+        Quota::per_day(1_000),
+        Quota::per_day(50),
+    );
+    let hammer = Hammer {
+        tasks: 64,
+        run_for: Duration::from_millis(400),
+        min_attempts: 60,
+    };
+    let report = exactness::run(&tiers, hammer).await;
+    println!(
+        "redis, negligible refill: {} checks in {:?}; shared key {} of {} admitted",
+        report.total_attempts(),
+        report.elapsed,
+        report.shared.admitted,
+        report.shared.attempts
+    );
+    assert_eq!(report.shared.errors, 0);
+    assert!(report.shared.attempts > 1_000, "{:?}", report.shared);
+    assert_eq!(report.shared.admitted, 1_000);
+    for key in &report.own {
+        assert!(key.attempts >= 60, "{key:?}");
+        assert_eq!((key.admitted, key.errors), (50, 0), "{key:?}");
+    }
+}
+
+/// The same with real (server) time: per key, never more than
+/// `B + span / I` as the server's clock measured the span, and never short
+/// of it by more than the stated margin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sixty_four_tasks_with_real_time_never_exceed_burst_plus_refill() {
+    use tower_rate_tier_tests::exactness::{self, Hammer};
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let shared = Quota::per_second(1_000).with_burst(500);
+    let own = Quota::per_second(100).with_burst(50);
+    let tiers = exactness::tiers(RateTier::builder().storage(storage(&server.url()).await), shared, own);
+    let hammer = Hammer {
+        tasks: 64,
+        run_for: Duration::from_millis(600),
+        min_attempts: 60,
+    };
+    let report = exactness::run(&tiers, hammer).await;
+    let rows = exactness::real_time_rows(&report, &shared, &own);
+    println!(
+        "redis, real time: {} checks in {:?}; shared key admitted {} + {} left, bound {} over {:?}",
+        report.total_attempts(),
+        report.elapsed,
+        rows[0].admitted,
+        rows[0].left,
+        rows[0].bound,
+        report.shared.span()
+    );
+    assert_eq!(report.shared.errors, 0);
+    for row in &rows {
+        // + 1 for the clock's granularity (whole microseconds on Redis)
+        assert!(row.admitted + row.left <= row.bound + 1, "{row:?}");
+        assert!(row.shortfall <= exactness::margin(row.bound), "{row:?}");
+    }
+}
