@@ -216,6 +216,7 @@ async fn admitted_and_denied_headers_are_exact() {
     assert_eq!(r.header("x-ratelimit-reset"), Some("1704067260"));
     assert_eq!(r.header("ratelimit"), Some(r#""free";r=0;t=59"#));
     assert_eq!(r.header("content-type"), Some("application/problem+json"));
+    assert_eq!(r.header("x-content-type-options"), Some("nosniff"));
     let body = r.json();
     assert_eq!(body["tier"], "free");
     assert_eq!(body["retry_after"], 5);
@@ -993,4 +994,38 @@ async fn a_declaration_behind_a_conditional_layer_is_still_charged_exactly() {
         (StatusCode::TOO_MANY_REQUESTS, Some(1))
     );
     assert_eq!(hit(&app, "GET", "/plain", "ada").await, (200, Some(0)));
+}
+
+#[tokio::test]
+async fn identities_cannot_claim_an_anonymous_bucket() {
+    // An identifier that passes a client-chosen id through must not let the
+    // client spend (or dodge into) an anonymous address's bucket.
+    let clock = FakeClock::new();
+    let tiers = RateTier::builder()
+        .tier("free", Quota::per_minute(1))
+        .default_tier("free")
+        .clock(clock.clone())
+        .build();
+    let app =
+        Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(TierLimitLayer::new(tiers).identifier_fn(|h: &HeaderMap| {
+                let id = std::str::from_utf8(h.get("x-user")?.as_bytes()).ok()?;
+                Some(TierIdentity::new(id.replace("NUL", "\0"), "free"))
+            }));
+    let from = |user: Option<&str>| {
+        let mut r = req("GET", "/", user, None);
+        r.extensions_mut()
+            .insert(ConnectInfo("10.0.0.9:1".parse::<SocketAddr>().unwrap()));
+        r
+    };
+    assert_eq!(send(&app, from(None)).await.status, StatusCode::OK);
+    // "\0ip:10.0.0.9" and "ip:10.0.0.9" are not the anonymous bucket
+    assert_eq!(send(&app, from(Some("ip:10.0.0.9"))).await.status, StatusCode::OK);
+    // an id with the reserved prefix counts as unidentified: the peer's bucket, spent
+    assert_eq!(
+        send(&app, from(Some("NULip:10.0.0.9"))).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(send(&app, from(None)).await.status, StatusCode::TOO_MANY_REQUESTS);
 }

@@ -1,8 +1,10 @@
 //! Shared helpers of the integration tests, and the reliability scenarios
 //! that both the CI tests (small) and the release-mode examples (full size)
-//! run; see `RELIABILITY.md`.
+//! run; see `RELIABILITY.md`. [`redis`] starts real `redis-server`
+//! processes for the Redis tests.
 
 pub mod exactness;
 pub mod flood;
 pub mod heap;
 pub mod http_load;
+pub mod redis;

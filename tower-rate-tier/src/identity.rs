@@ -52,7 +52,10 @@
 //! is only read when the peer is one of the layer's
 //! [`trusted_proxies`](crate::TierLimitLayer::trusted_proxies). When no
 //! address is known, all unidentified clients share one bucket (`anonymous`)
-//! of the default tier: the limit still holds in total.
+//! of the default tier: the limit still holds in total. Anonymous buckets live
+//! apart from user ids (their keys start with a NUL character, and an identity
+//! whose user id starts with one counts as unidentified), so no identifier can
+//! hand a client an address's bucket.
 
 use std::borrow::Cow;
 use std::fmt;

@@ -40,7 +40,7 @@
 use std::sync::{Arc, Weak};
 
 use bytes::Bytes;
-use http::header::{CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER};
+use http::header::{CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER, X_CONTENT_TYPE_OPTIONS};
 use http::{HeaderMap, Response, StatusCode};
 use serde_json::json;
 
@@ -58,6 +58,7 @@ pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-poli
 pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
 const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
+const NOSNIFF: HeaderValue = HeaderValue::from_static("nosniff");
 
 fn secs_ceil(nanos: u64) -> u64 {
     nanos.div_ceil(1_000_000_000)
@@ -261,6 +262,7 @@ pub(crate) fn problem(status: StatusCode, detail: &str, extra: serde_json::Value
     let mut response = Response::new(bytes);
     *response.status_mut() = status;
     response.headers_mut().insert(CONTENT_TYPE, PROBLEM_JSON);
+    response.headers_mut().insert(X_CONTENT_TYPE_OPTIONS, NOSNIFF);
     response
 }
 

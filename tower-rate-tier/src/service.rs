@@ -43,6 +43,10 @@ impl<S: fmt::Debug> fmt::Debug for TierLimitService<S> {
     }
 }
 
+/// Keys of unidentified clients start with a NUL, which no valid identity
+/// does: anonymous buckets never share the key space of user ids.
+const ANONYMOUS_PREFIX: &str = "\0";
+
 /// What the limiter decided about a request.
 pub(crate) enum Admission {
     /// Call the inner service; the charge adds headers on the way out.
@@ -134,7 +138,13 @@ impl Shared {
         parts: &mut Parts,
         identity: Option<TierIdentity>,
     ) -> Admission {
-        let identity = identity.filter(|i| !i.user_id.is_empty() && i.user_id.len() <= MAX_USER_ID_LEN);
+        // Ids starting with the anonymous prefix are refused, so that no
+        // identifier can hand a client another address's bucket.
+        let identity = identity.filter(|i| {
+            !i.user_id.is_empty()
+                && i.user_id.len() <= MAX_USER_ID_LEN
+                && !i.user_id.starts_with(ANONYMOUS_PREFIX)
+        });
         let (user, tier) = match identity {
             Some(identity) => match self.tiers.resolve(&identity.tier) {
                 Some(id) => (identity.user_id, id),
@@ -271,11 +281,12 @@ impl Shared {
                     let user = match client_ip(parts, &self.trusted_proxies) {
                         Some(ip) => {
                             let mut user = String::with_capacity(48);
+                            user.push_str(ANONYMOUS_PREFIX);
                             user.push_str("ip:");
                             user.push_str(&ip.to_string());
                             user
                         }
-                        None => String::from("anonymous"),
+                        None => [ANONYMOUS_PREFIX, "anonymous"].concat(),
                     };
                     Ok((user, id))
                 }

@@ -49,7 +49,11 @@ const INLINE_SWEEP_EVERY_NS: u64 = 1_000_000_000;
 ///   storage is still full the new key is refused with a
 ///   [`StorageErrorKind::Full`] error, which the layer answers according to
 ///   its `OnStorageError` policy. Tracked keys are never evicted, so a flood of
-///   new identities cannot reset anybody's quota.
+///   new identities cannot reset anybody's quota. Under the default
+///   `OnStorageError::Allow` the refused newcomers are let through uncounted
+///   while the storage is full; deployments exposed to identity floods choose
+///   `OnStorageError::Deny` (503 for newcomers) or a larger cap (see
+///   `RELIABILITY.md` for measured bytes per key).
 ///
 /// Clones share one map.
 ///
@@ -458,9 +462,19 @@ impl Inner {
                 removed += usize::from(!keep);
                 keep
             });
+            // Give memory back after a flood has gone: tables mostly empty
+            // are shrunk (shard by shard).
+            shrink_if_sparse(&scope.single);
+            shrink_if_sparse(&scope.multi);
         }
         self.len.fetch_sub(removed, Ordering::Relaxed);
         removed
+    }
+}
+
+fn shrink_if_sparse<V>(map: &DashMap<Key, V, Hasher>) {
+    if map.capacity() > 4 * map.len() + 4 * 1024 {
+        map.shrink_to_fit();
     }
 }
 

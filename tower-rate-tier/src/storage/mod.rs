@@ -6,8 +6,9 @@
 //! [`RateTier`](crate::RateTier)'s clock, Redis its own server clock), so the
 //! trait never takes a client-side `now`.
 //!
-//! [`MemoryStorage`] is the default. The Redis storage (feature `redis`)
-//! shares one quota between many processes.
+//! [`MemoryStorage`] is the default. The Redis storage (feature `redis`,
+//! [`RedisStorage`]) shares one quota between many
+//! processes.
 //!
 //! A storage is addressed by a structured [`StorageKey`] (namespace, tier,
 //! user), never a formatted string, so backends choose their own encoding.
@@ -23,7 +24,11 @@ use crate::gcra::BandState;
 use crate::quota::Quota;
 
 mod memory;
+#[cfg(feature = "redis")]
+pub mod redis;
 
+#[cfg(feature = "redis")]
+pub use self::redis::{RedisStorage, RedisStorageBuilder};
 pub use memory::{MemoryStorage, MemoryStorageBuilder};
 
 /// The most bands one tier may have: one per period a [`Quota`] can name
