@@ -23,7 +23,9 @@ use axum::Router;
 use axum::routing::get;
 use http::HeaderMap;
 use tower_rate_tier::storage::RedisStorage;
-use tower_rate_tier::{OnStorageError, Quota, RateTier, TierIdentifier, TierIdentity, TierLimitLayer, tier_cost};
+use tower_rate_tier::{
+    OnStorageError, Quota, RateTier, TierIdentifier, TierIdentity, TierLimitLayer, tier_cost,
+};
 use tower_rate_tier_examples::{Client, header, row, serve_axum, serve_mode};
 
 /// An account behind an API key.
@@ -142,7 +144,10 @@ async fn main() -> ExitCode {
         let reply = client.get("/", &[("x-api-key", "sk_live_alice")]).await;
         row(&format!("GET / via {name}"), "alice (free)", &reply);
     }
-    for (i, key) in ["sk_live_bob", "sk_live_bob_ci", "sk_live_bob"].into_iter().enumerate() {
+    for (i, key) in ["sk_live_bob", "sk_live_bob_ci", "sk_live_bob"]
+        .into_iter()
+        .enumerate()
+    {
         let (name, client) = &clients[i % 2];
         let reply = client.get("/report", &[("x-api-key", key)]).await;
         row(&format!("GET /report via {name}"), key, &reply);

@@ -706,7 +706,11 @@ async fn sixty_four_tasks_with_real_time_never_exceed_burst_plus_refill() {
     };
     let shared = Quota::per_second(1_000).with_burst(500);
     let own = Quota::per_second(100).with_burst(50);
-    let tiers = exactness::tiers(RateTier::builder().storage(storage(&server.url()).await), shared, own);
+    let tiers = exactness::tiers(
+        RateTier::builder().storage(storage(&server.url()).await),
+        shared,
+        own,
+    );
     let hammer = Hammer {
         tasks: 64,
         run_for: Duration::from_millis(600),
