@@ -11,14 +11,13 @@ use axum::extract::ConnectInfo;
 use axum::routing::{get, post};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Request, StatusCode};
-use http_body_util::BodyExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tower::ServiceExt;
 use tower_rate_tier::clock::FakeClock;
 use tower_rate_tier::tier::MAX_USER_ID_LEN;
 use tower_rate_tier::{
     OnMissing, OnUnknownTier, Quota, RateTier, TierCost, TierIdentity, TierLimitLayer, tier_cost,
 };
+use tower_rate_tier_tests::reply::send;
 
 // ---------------------------------------------------------------- helpers
 
@@ -62,26 +61,6 @@ async fn max_cost_handler() -> &'static str {
     "ok"
 }
 
-struct Reply {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: Bytes,
-}
-
-impl Reply {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).map(|v| v.to_str().unwrap())
-    }
-
-    fn remaining(&self) -> Option<u32> {
-        self.header("x-ratelimit-remaining").map(|v| v.parse().unwrap())
-    }
-
-    fn json(&self) -> serde_json::Value {
-        serde_json::from_slice(&self.body).expect("the body is JSON")
-    }
-}
-
 /// A request from `peer` with these headers (raw bytes allowed).
 fn req(path: &str, peer: &str, headers: &[(&str, &[u8])]) -> Request<Body> {
     let mut r = Request::get(path).body(Body::empty()).unwrap();
@@ -98,16 +77,6 @@ fn req(path: &str, peer: &str, headers: &[(&str, &[u8])]) -> Request<Body> {
 
 fn user(name: &str) -> Request<Body> {
     req("/", "10.9.9.9", &[("x-user", name.as_bytes())])
-}
-
-async fn send(app: &Router, req: Request<Body>) -> Reply {
-    let response = app.clone().oneshot(req).await.unwrap();
-    let (parts, body) = response.into_parts();
-    Reply {
-        status: parts.status,
-        headers: parts.headers,
-        body: body.collect().await.unwrap().to_bytes(),
-    }
 }
 
 /// `ada`, a bystander, still gets her exact quota: the next request leaves

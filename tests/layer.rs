@@ -12,7 +12,6 @@ use axum::extract::{ConnectInfo, MatchedPath};
 use axum::routing::{get, post};
 use bytes::Bytes;
 use http::{HeaderMap, Request, StatusCode};
-use http_body_util::BodyExt;
 use tower::{Layer, Service, ServiceExt};
 use tower_rate_tier::clock::FakeClock;
 use tower_rate_tier::storage::{
@@ -22,6 +21,7 @@ use tower_rate_tier::{
     OnMissing, OnStorageError, OnUnknownTier, Quota, RateLimitEvent, RateTier, TierCost, TierIdentifier,
     TierIdentity, TierLimitLayer, tier_cost,
 };
+use tower_rate_tier_tests::reply::send;
 
 // ---------------------------------------------------------------- helpers
 
@@ -58,36 +58,6 @@ fn req(method: &str, path: &str, user: Option<&str>, tier: Option<&str>) -> Requ
         b = b.header("x-tier", tier);
     }
     b.body(Body::empty()).unwrap()
-}
-
-struct Reply {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: Bytes,
-}
-
-impl Reply {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).map(|v| v.to_str().unwrap())
-    }
-
-    fn remaining(&self) -> Option<u32> {
-        self.header("x-ratelimit-remaining").map(|v| v.parse().unwrap())
-    }
-
-    fn json(&self) -> serde_json::Value {
-        serde_json::from_slice(&self.body).unwrap()
-    }
-}
-
-async fn send(app: &Router, req: Request<Body>) -> Reply {
-    let response = app.clone().oneshot(req).await.unwrap();
-    let (parts, body) = response.into_parts();
-    Reply {
-        status: parts.status,
-        headers: parts.headers,
-        body: body.collect().await.unwrap().to_bytes(),
-    }
 }
 
 /// Sends `GET path` as `user` (free tier) and returns (status, remaining).

@@ -8,3 +8,4 @@ pub mod flood;
 pub mod heap;
 pub mod http_load;
 pub mod redis;
+pub mod reply;
