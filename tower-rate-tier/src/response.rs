@@ -37,8 +37,6 @@
 //! never 0) and an RFC 9457 `application/problem+json` body with at least
 //! `tier` and `retry_after` members. Unlimited tiers get no rate-limit fields.
 
-use std::sync::{Arc, Weak};
-
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER, X_CONTENT_TYPE_OPTIONS};
 use http::{HeaderMap, Response, StatusCode};
@@ -74,10 +72,10 @@ fn num(n: u64) -> HeaderValue {
 /// is an allocation.
 struct ValueCache {
     numbers: Vec<Option<(u64, HeaderValue)>>,
-    /// With a weak reference to the tier its key names by address: it keeps
-    /// the allocation, so no other tier can get that address (and this
-    /// value) while the slot holds it.
-    ratelimit: Vec<Option<(RateLimitKey, HeaderValue, Weak<TierEntry>)>>,
+    /// Keyed by the tier's address: tier definitions are interned for the
+    /// life of the process (see `tier::intern`), so an address never names
+    /// another tier.
+    ratelimit: Vec<Option<(RateLimitKey, HeaderValue)>>,
 }
 
 /// A single-band `RateLimit` value: the tier (by address), `r` and `t`.
@@ -189,24 +187,13 @@ fn cached_ratelimit(detail: &Detail) -> Option<HeaderValue> {
         return ratelimit_value(detail);
     };
     let t = secs_ceil(band.reset_after_ns);
-    let key = (Arc::as_ptr(&detail.tier) as usize, band.remaining, t);
+    let key = (
+        std::ptr::from_ref::<TierEntry>(detail.tier) as usize,
+        band.remaining,
+        t,
+    );
     let hash = (key.0 as u64) ^ u64::from(band.remaining).rotate_left(20) ^ t.rotate_left(40);
-    CACHE
-        .try_with(|cache| {
-            let mut cache = cache.try_borrow_mut().ok()?;
-            let entry = cache.ratelimit.get_mut(slot(hash))?;
-            if let Some((k, v, _)) = entry {
-                if *k == key {
-                    return Some(v.clone());
-                }
-            }
-            let value = ratelimit_value(detail)?;
-            *entry = Some((key, value.clone(), Arc::downgrade(&detail.tier)));
-            Some(value)
-        })
-        .ok()
-        .flatten()
-        .or_else(|| ratelimit_value(detail))
+    cached(|c| &mut c.ratelimit, key, hash, || ratelimit_value(detail)).or_else(|| ratelimit_value(detail))
 }
 
 fn insert_common(headers: &mut HeaderMap, detail: &Detail, limit: u32, remaining: u32, reset_at: u64) {

@@ -136,7 +136,7 @@ pub struct RateLimited {
 /// What both outcomes carry for the response headers.
 #[derive(Clone, PartialEq, Eq)]
 pub(crate) struct Detail {
-    pub(crate) tier: Arc<TierEntry>,
+    pub(crate) tier: &'static TierEntry,
     pub(crate) now: Nanos,
     pub(crate) bands: BandStates,
 }
@@ -221,7 +221,7 @@ impl RateLimitInfo {
             now: self.detail.now,
             bands,
         };
-        if let Ok(info) = outcome(&self.detail.tier, decision) {
+        if let Ok(info) = outcome(self.detail.tier, decision) {
             *self = info;
         }
     }
@@ -336,6 +336,21 @@ impl fmt::Display for BuildError {
 
 impl std::error::Error for BuildError {}
 
+/// The one copy of a tier definition: every `RateTier` built with the same
+/// name and bands shares it, for the life of the process. Results then point
+/// at their tier without a reference count on the hot path (and a cached
+/// header value keyed by a tier's address is never served to another tier).
+/// Memory grows only with the distinct (name, bands) pairs ever configured,
+/// about a hundred bytes each.
+fn intern(entry: TierEntry) -> &'static TierEntry {
+    type Table = HashMap<(Box<str>, Box<[Quota]>), &'static TierEntry, foldhash::fast::RandomState>;
+    static TABLE: std::sync::OnceLock<std::sync::Mutex<Table>> = std::sync::OnceLock::new();
+    let table = TABLE.get_or_init(Default::default);
+    let mut table = table.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let key = (entry.name.clone(), entry.bands.clone());
+    table.entry(key).or_insert_with(|| Box::leak(Box::new(entry)))
+}
+
 /// One configured tier.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct TierEntry {
@@ -361,7 +376,7 @@ pub struct RateTier {
 }
 
 struct TierConfig {
-    tiers: Box<[Arc<TierEntry>]>,
+    tiers: Box<[&'static TierEntry]>,
     /// The storage's handles on each tier's keys (same order as `tiers`).
     prepared: Box<[Option<PreparedScope>]>,
     by_name: HashMap<Box<str>, usize, foldhash::fast::RandomState>,
@@ -405,7 +420,7 @@ impl RateTier {
         match self.refund_now(user, id, cost) {
             Some(done) => done,
             None => {
-                let entry = &self.inner.tiers[id.0];
+                let entry = self.inner.tiers[id.0];
                 let key = self.key(user, entry);
                 Ok(self.inner.storage.refund(key, &entry.bands, cost).await?)
             }
@@ -461,8 +476,8 @@ impl RateTier {
         self.inner.default_tier.map(TierId)
     }
 
-    pub(crate) fn entry(&self, id: TierId) -> &Arc<TierEntry> {
-        &self.inner.tiers[id.0]
+    pub(crate) fn entry(&self, id: TierId) -> &'static TierEntry {
+        self.inner.tiers[id.0]
     }
 
     fn key<'a>(&'a self, user: &'a str, entry: &'a TierEntry) -> StorageKey<'a> {
@@ -475,8 +490,8 @@ impl RateTier {
 
     /// Everything decided before the storage is asked: `Err` when the check
     /// is already answered.
-    fn precheck(&self, user: &str, id: TierId, cost: u32) -> Result<&Arc<TierEntry>, CheckResult> {
-        let entry = &self.inner.tiers[id.0];
+    fn precheck(&self, user: &str, id: TierId, cost: u32) -> Result<&'static TierEntry, CheckResult> {
+        let entry = self.inner.tiers[id.0];
         if entry.unlimited {
             return Err(Ok(Ok(unlimited_info(entry, self.inner.clock.now()))));
         }
@@ -526,7 +541,7 @@ impl RateTier {
     }
 
     pub(crate) fn refund_now(&self, user: &str, id: TierId, cost: u32) -> Option<Result<(), CheckError>> {
-        let entry = &self.inner.tiers[id.0];
+        let entry = self.inner.tiers[id.0];
         if entry.unlimited || cost == 0 {
             return Some(Ok(()));
         }
@@ -543,7 +558,7 @@ impl RateTier {
         if let Some(done) = self.refund_now(user, id, cost) {
             return done;
         }
-        let entry = &self.inner.tiers[id.0];
+        let entry = self.inner.tiers[id.0];
         Ok(self
             .inner
             .storage
@@ -552,13 +567,13 @@ impl RateTier {
     }
 }
 
-fn unlimited_info(entry: &Arc<TierEntry>, now: Nanos) -> RateLimitInfo {
+fn unlimited_info(entry: &'static TierEntry, now: Nanos) -> RateLimitInfo {
     RateLimitInfo {
         limit: u32::MAX,
         remaining: u32::MAX,
         reset_after: Duration::ZERO,
         detail: Detail {
-            tier: entry.clone(),
+            tier: entry,
             now,
             bands: BandStates::new(),
         },
@@ -567,7 +582,7 @@ fn unlimited_info(entry: &Arc<TierEntry>, now: Nanos) -> RateLimitInfo {
 
 /// Turns a storage decision into the public outcome, reporting the band
 /// closest to denying (admitted) or the band that denies longest (denied).
-fn outcome(entry: &Arc<TierEntry>, d: Decision) -> Result<RateLimitInfo, RateLimited> {
+fn outcome(entry: &'static TierEntry, d: Decision) -> Result<RateLimitInfo, RateLimited> {
     let pick = if d.allowed {
         d.bands.iter().enumerate().min_by(|(_, a), (_, b)| {
             a.remaining
@@ -580,7 +595,7 @@ fn outcome(entry: &Arc<TierEntry>, d: Decision) -> Result<RateLimitInfo, RateLim
     let (index, state) = pick.map(|(i, s)| (i, *s)).unwrap_or_default();
     let limit = entry.bands.get(index).map_or(0, Quota::burst);
     let detail = Detail {
-        tier: entry.clone(),
+        tier: entry,
         now: d.now,
         bands: d.bands,
     };
@@ -735,7 +750,7 @@ impl RateTierBuilder {
             if by_name.insert(Box::<str>::from(&*name), index).is_some() {
                 return Err(BuildError::DuplicateTier(name.into_owned()));
             }
-            tiers.push(Arc::new(TierEntry {
+            tiers.push(intern(TierEntry {
                 policy_header: crate::response::policy_value(&name, &bands),
                 name: name.into(),
                 bands,
