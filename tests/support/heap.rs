@@ -5,9 +5,16 @@
 //! the system allocator rounds them up to, and never memory that stays
 //! resident after a free):
 //!
-//! ```ignore
+//! ```
 //! #[global_allocator]
 //! static GLOBAL: &stats_alloc::StatsAlloc<std::alloc::System> = &stats_alloc::INSTRUMENTED_SYSTEM;
+//!
+//! fn main() {
+//!     let before = tower_rate_tier_tests::heap::live_bytes();
+//!     let held = vec![0u8; 4096];
+//!     assert!(tower_rate_tier_tests::heap::live_bytes() >= before + 4096);
+//!     drop(held);
+//! }
 //! ```
 
 use stats_alloc::INSTRUMENTED_SYSTEM;
