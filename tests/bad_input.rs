@@ -17,19 +17,9 @@ use tower_rate_tier::tier::MAX_USER_ID_LEN;
 use tower_rate_tier::{
     OnMissing, OnUnknownTier, Quota, RateTier, TierCost, TierIdentity, TierLimitLayer, tier_cost,
 };
-use tower_rate_tier_tests::reply::send;
+use tower_rate_tier_tests::reply::{header_identity, send};
 
 // ---------------------------------------------------------------- helpers
-
-/// The usual identifier: `x-user` (must be UTF-8), `x-tier` (default free).
-fn header_identity(headers: &HeaderMap) -> Option<TierIdentity> {
-    let user = headers.get("x-user")?.to_str().ok()?;
-    let tier = headers
-        .get("x-tier")
-        .and_then(|t| t.to_str().ok())
-        .unwrap_or("free");
-    Some(TierIdentity::new(user, tier))
-}
 
 fn tiers(clock: &FakeClock, on_missing: OnMissing) -> RateTier {
     RateTier::builder()

@@ -21,18 +21,9 @@ use tower_rate_tier::{
     OnMissing, OnStorageError, OnUnknownTier, Quota, RateLimitEvent, RateTier, TierCost, TierIdentifier,
     TierIdentity, TierLimitLayer, tier_cost,
 };
-use tower_rate_tier_tests::reply::send;
+use tower_rate_tier_tests::reply::{header_identity, send};
 
 // ---------------------------------------------------------------- helpers
-
-fn header_identity(headers: &HeaderMap) -> Option<TierIdentity> {
-    let user = headers.get("x-user")?.to_str().ok()?;
-    let tier = headers
-        .get("x-tier")
-        .and_then(|t| t.to_str().ok())
-        .unwrap_or("free");
-    Some(TierIdentity::new(user, tier))
-}
 
 fn tiers(clock: &FakeClock) -> RateTier {
     RateTier::builder()

@@ -1,4 +1,4 @@
-//! One request through a router, and what came back.
+//! One request through a router, and what came back; the tests' identifier.
 
 use axum::Router;
 use axum::body::Body;
@@ -6,6 +6,18 @@ use bytes::Bytes;
 use http::{HeaderMap, Request, StatusCode};
 use http_body_util::BodyExt;
 use tower::ServiceExt;
+use tower_rate_tier::TierIdentity;
+
+/// The identifier of the router tests: `x-user` (must be UTF-8) is the user,
+/// `x-tier` the tier (default `free`).
+pub fn header_identity(headers: &HeaderMap) -> Option<TierIdentity> {
+    let user = headers.get("x-user")?.to_str().ok()?;
+    let tier = headers
+        .get("x-tier")
+        .and_then(|t| t.to_str().ok())
+        .unwrap_or("free");
+    Some(TierIdentity::new(user, tier))
+}
 
 /// A response, its body read.
 #[derive(Debug)]
