@@ -89,7 +89,18 @@ fn div(n: u128, d: u128) -> u128 {
 /// assert!(!third.allowed);
 /// assert_eq!(third.state.retry_after_ns, 500_000_000);
 /// ```
+#[inline]
 pub fn decide(tat: Option<Nanos>, now: Nanos, quota: &Quota, cost: u32) -> BandDecision {
+    match quota.is_unlimited() {
+        false => decide_u64(tat, now, quota, cost),
+        true => None,
+    }
+    .unwrap_or_else(|| decide_wide(tat, now, quota, cost))
+}
+
+/// [`decide`] for unlimited bands and in `u128` arithmetic.
+#[inline(never)]
+fn decide_wide(tat: Option<Nanos>, now: Nanos, quota: &Quota, cost: u32) -> BandDecision {
     if quota.is_unlimited() {
         return BandDecision {
             allowed: true,

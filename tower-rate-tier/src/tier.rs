@@ -20,6 +20,7 @@
 //! # }
 //! ```
 
+use std::any::Any;
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt;
@@ -29,10 +30,10 @@ use std::time::Duration;
 use http::StatusCode;
 
 use crate::clock::{Clock, Nanos, SystemClock};
-use crate::gcra::BandState;
+use crate::gcra::{BandDecision, BandState};
 use crate::quota::{IntoQuotas, Quota};
 use crate::storage::{
-    BandStates, Decision, MAX_BANDS, MemoryStorage, PreparedScope, Storage, StorageError, StorageKey,
+    BandStates, Decision, Direct, MAX_BANDS, MemoryStorage, PreparedScope, Storage, StorageError, StorageKey,
 };
 
 /// Up to this many tiers, a name is looked up by comparing, not hashing.
@@ -379,6 +380,10 @@ struct TierConfig {
     tiers: Box<[&'static TierEntry]>,
     /// The storage's handles on each tier's keys (same order as `tiers`).
     prepared: Box<[Option<PreparedScope>]>,
+    /// Direct handles on a [`MemoryStorage`]'s single-band tiers (same order
+    /// as `tiers`): the hot path of the default storage, without a dynamic
+    /// call.
+    direct: Box<[Option<Direct>]>,
     by_name: HashMap<Box<str>, usize, foldhash::fast::RandomState>,
     default_tier: Option<usize>,
     on_missing: OnMissing,
@@ -467,7 +472,7 @@ impl RateTier {
         // A few names compare faster than they hash.
         let tiers = &self.inner.tiers;
         if tiers.len() <= LINEAR_LOOKUP_MAX_TIERS {
-            return tiers.iter().position(|t| *t.name == *tier).map(TierId);
+            return tiers.iter().position(|t| same_name(&t.name, tier)).map(TierId);
         }
         self.inner.by_name.get(tier).copied().map(TierId)
     }
@@ -490,22 +495,30 @@ impl RateTier {
 
     /// Everything decided before the storage is asked: `Err` when the check
     /// is already answered.
+    #[inline]
     fn precheck(&self, user: &str, id: TierId, cost: u32) -> Result<&'static TierEntry, CheckResult> {
         let entry = self.inner.tiers[id.0];
-        if entry.unlimited {
-            return Err(Ok(Ok(unlimited_info(entry, self.inner.clock.now()))));
-        }
-        if user.is_empty() || user.len() > MAX_USER_ID_LEN {
-            return Err(Err(CheckError::InvalidUserId));
-        }
-        if cost > entry.max_cost {
-            return Err(Err(CheckError::CostExceedsLimit {
-                tier: entry.name.to_string(),
-                cost,
-                limit: entry.max_cost,
-            }));
+        if entry.unlimited || user.is_empty() || user.len() > MAX_USER_ID_LEN || cost > entry.max_cost {
+            return Err(self.answer_early(entry, user, cost));
         }
         Ok(entry)
+    }
+
+    /// The outcome of a check that [`RateTier::precheck`] answers.
+    #[cold]
+    #[inline(never)]
+    fn answer_early(&self, entry: &'static TierEntry, user: &str, cost: u32) -> CheckResult {
+        if entry.unlimited {
+            return Ok(Ok(unlimited_info(entry, self.inner.clock.now())));
+        }
+        if user.is_empty() || user.len() > MAX_USER_ID_LEN {
+            return Err(CheckError::InvalidUserId);
+        }
+        Err(CheckError::CostExceedsLimit {
+            tier: entry.name.to_string(),
+            cost,
+            limit: entry.max_cost,
+        })
     }
 
     /// Decides without waiting where the storage can; `None`: use
@@ -515,6 +528,12 @@ impl RateTier {
             Ok(entry) => entry,
             Err(done) => return Some(done),
         };
+        if let Some(direct) = &self.inner.direct[id.0] {
+            return Some(match direct.check(user, &entry.bands[0], cost) {
+                Ok((d, now)) => Ok(single_outcome(entry, d, now)),
+                Err(e) => Err(CheckError::Storage(e)),
+            });
+        }
         let key = self.key(user, entry);
         let storage = &self.inner.storage;
         let decision = match &self.inner.prepared[id.0] {
@@ -567,6 +586,28 @@ impl RateTier {
     }
 }
 
+/// `a == b` for tier names, inline: most are a few bytes, for which a call to
+/// `memcmp` costs more than the comparison.
+#[inline]
+fn same_name(a: &str, b: &str) -> bool {
+    fn word<const N: usize>(s: &[u8]) -> [u8; N] {
+        s.try_into().unwrap_or([0; N])
+    }
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let n = a.len();
+    if n != b.len() {
+        return false;
+    }
+    // Two overlapping words cover names of 4 to 16 bytes.
+    match n {
+        4..=8 => word::<4>(&a[..4]) == word::<4>(&b[..4]) && word::<4>(&a[n - 4..]) == word::<4>(&b[n - 4..]),
+        9..=16 => {
+            word::<8>(&a[..8]) == word::<8>(&b[..8]) && word::<8>(&a[n - 8..]) == word::<8>(&b[n - 8..])
+        }
+        _ => a == b,
+    }
+}
+
 fn unlimited_info(entry: &'static TierEntry, now: Nanos) -> RateLimitInfo {
     RateLimitInfo {
         limit: u32::MAX,
@@ -577,6 +618,41 @@ fn unlimited_info(entry: &'static TierEntry, now: Nanos) -> RateLimitInfo {
             now,
             bands: BandStates::new(),
         },
+    }
+}
+
+/// [`outcome`] for a tier of one band.
+#[inline]
+fn single_outcome(
+    entry: &'static TierEntry,
+    d: BandDecision,
+    now: Nanos,
+) -> Result<RateLimitInfo, RateLimited> {
+    let limit = entry.bands[0].burst();
+    let state = d.state;
+    let reset_after = Duration::from_nanos(state.reset_after_ns);
+    let mut bands = BandStates::new();
+    bands.push(state);
+    let detail = Detail {
+        tier: entry,
+        now,
+        bands,
+    };
+    if d.allowed {
+        Ok(RateLimitInfo {
+            limit,
+            remaining: state.remaining,
+            reset_after,
+            detail,
+        })
+    } else {
+        Err(RateLimited {
+            limit,
+            remaining: state.remaining,
+            retry_after: Duration::from_nanos(state.retry_after_ns),
+            reset_after,
+            detail,
+        })
     }
 }
 
@@ -640,6 +716,8 @@ pub struct RateTierBuilder {
     on_missing: OnMissing,
     clock: Option<Arc<dyn Clock>>,
     storage: Option<Arc<dyn Storage>>,
+    /// The storage, when it is a [`MemoryStorage`] (checked directly).
+    memory: Option<MemoryStorage>,
     namespace: String,
 }
 
@@ -687,6 +765,7 @@ impl RateTierBuilder {
 
     /// The storage (default: a new [`MemoryStorage`]).
     pub fn storage(mut self, storage: impl Storage) -> Self {
+        self.memory = (&storage as &dyn Any).downcast_ref::<MemoryStorage>().cloned();
         self.storage = Some(Arc::new(storage));
         self
     }
@@ -770,16 +849,30 @@ impl RateTierBuilder {
         let clock: Arc<dyn Clock> = self.clock.unwrap_or_else(|| Arc::new(SystemClock));
         // Calibrates the process clock now rather than on the first request.
         let _ = clock.now();
-        let storage: Arc<dyn Storage> = self.storage.unwrap_or_else(|| Arc::new(MemoryStorage::new()));
+        let (storage, memory): (Arc<dyn Storage>, _) = match self.storage {
+            Some(storage) => (storage, self.memory),
+            None => {
+                let memory = MemoryStorage::new();
+                (Arc::new(memory.clone()), Some(memory))
+            }
+        };
         storage.use_clock(clock.clone());
         let namespace: Box<str> = self.namespace.into();
         let prepared = tiers
             .iter()
             .map(|t| storage.prepare(&namespace, &t.name))
             .collect();
+        let direct = tiers
+            .iter()
+            .map(|t| {
+                let memory = memory.as_ref().filter(|_| t.bands.len() == 1 && !t.unlimited)?;
+                Some(Direct::new(memory, &namespace, &t.name))
+            })
+            .collect();
         Ok(RateTier {
             inner: Arc::new(TierConfig {
                 prepared,
+                direct,
                 tiers: tiers.into(),
                 by_name,
                 default_tier,

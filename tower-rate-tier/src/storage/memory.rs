@@ -176,17 +176,7 @@ impl MemoryStorage {
     }
 
     fn ensure_gc(&self) {
-        if self.inner.gc_running.load(Ordering::Relaxed) {
-            return;
-        }
-        let Ok(handle) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        if self.inner.gc_running.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        let weak = Arc::downgrade(&self.inner);
-        handle.spawn(gc_loop(weak, self.inner.gc_interval));
+        ensure_gc(&self.inner);
     }
 
     fn check_sync(
@@ -232,6 +222,58 @@ impl MemoryStorage {
             }
             Ok(())
         })
+    }
+}
+
+/// Starts the GC task if it is not running and this thread is inside a tokio
+/// runtime.
+#[inline]
+fn ensure_gc(inner: &Arc<Inner>) {
+    if !inner.gc_running.load(Ordering::Relaxed) {
+        start_gc(inner);
+    }
+}
+
+#[cold]
+fn start_gc(inner: &Arc<Inner>) {
+    let Ok(handle) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    if inner.gc_running.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let weak = Arc::downgrade(inner);
+    handle.spawn(gc_loop(weak, inner.gc_interval));
+}
+
+/// A memory storage's handle on one single-band tier of one limiter, held by
+/// the `RateTier` so that its checks call the storage directly (no dynamic
+/// call, no scope lookup).
+pub(crate) struct Direct {
+    inner: Arc<Inner>,
+    scope: Arc<Scope>,
+}
+
+impl Direct {
+    /// The handle on `namespace`/`tier` of `storage`.
+    pub(crate) fn new(storage: &MemoryStorage, namespace: &str, tier: &str) -> Self {
+        Direct {
+            inner: storage.inner.clone(),
+            scope: storage.inner.scope(namespace, tier),
+        }
+    }
+
+    /// Decides one request of the tier's one band: the band's decision and
+    /// the time it was made at.
+    #[inline]
+    pub(crate) fn check(
+        &self,
+        user: &str,
+        quota: &Quota,
+        cost: u32,
+    ) -> Result<(gcra::BandDecision, Nanos), StorageError> {
+        ensure_gc(&self.inner);
+        self.inner.decide_single(&self.scope, user, quota, cost)
     }
 }
 
@@ -308,18 +350,44 @@ impl Inner {
         quota: &Quota,
         cost: u32,
     ) -> Result<Decision, StorageError> {
+        self.decide_single(scope, user, quota, cost)
+            .map(|(d, now)| one_band(d, now))
+    }
+
+    /// One band's decision and the time it was made at.
+    #[inline]
+    fn decide_single(
+        &self,
+        scope: &Scope,
+        user: &str,
+        quota: &Quota,
+        cost: u32,
+    ) -> Result<(gcra::BandDecision, Nanos), StorageError> {
         if let Some(mut tat) = scope.single.get_mut(user) {
             let now = self.now();
             let d = gcra::decide(Some(*tat), now, quota, cost);
             if let Some(new) = d.new_tat {
                 *tat = new;
             }
-            return Ok(one_band(d, now));
+            return Ok((d, now));
         }
+        self.insert_single(scope, user, quota, cost)
+    }
+
+    /// [`Inner::decide_single`] for a user without a stored state.
+    #[cold]
+    #[inline(never)]
+    fn insert_single(
+        &self,
+        scope: &Scope,
+        user: &str,
+        quota: &Quota,
+        cost: u32,
+    ) -> Result<(gcra::BandDecision, Nanos), StorageError> {
         let now = self.now();
         let d = gcra::decide(None, now, quota, cost);
         if !d.allowed || d.new_tat.is_none() {
-            return Ok(one_band(d, now));
+            return Ok((d, now));
         }
         self.reserve_slot(now)?;
         match scope.single.entry(Box::from(user)) {
@@ -332,7 +400,7 @@ impl Inner {
                 if let Some(new) = d.new_tat {
                     *e.get_mut() = new;
                 }
-                Ok(one_band(d, now))
+                Ok((d, now))
             }
             Entry::Vacant(e) => {
                 let now = self.now();
@@ -340,7 +408,7 @@ impl Inner {
                 if let Some(new) = d.new_tat {
                     e.insert(new);
                 }
-                Ok(one_band(d, now))
+                Ok((d, now))
             }
         }
     }

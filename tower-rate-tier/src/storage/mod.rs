@@ -29,6 +29,7 @@ pub mod redis;
 
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisStorage, RedisStorageBuilder};
+pub(crate) use memory::Direct;
 pub use memory::{MemoryStorage, MemoryStorageBuilder};
 
 /// The most bands one tier may have: one per period a [`Quota`] can name
