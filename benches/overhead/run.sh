@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Instructions per request added by each limiter, counted by callgrind:
 # (instructions at 2N requests - at N requests) / N, minus the same for the
-# router without a limiter. Usage: benches/overhead/run.sh [N]
+# router without a limiter. Only the request loop is counted (see `serve` in
+# overhead.rs). Usage: benches/overhead/run.sh [N]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 n=${1:-20000}
@@ -9,7 +10,7 @@ cargo bench -p tower-rate-tier-overhead --no-run >/dev/null 2>&1
 bin=$(cargo bench -p tower-rate-tier-overhead --no-run --message-format=json 2>/dev/null \
   | grep -o '"executable":"[^"]*overhead[^"]*"' | head -1 | cut -d'"' -f4)
 count() {
-  valgrind --tool=callgrind --callgrind-out-file=/dev/null "$bin" "$1" "$2" 2>&1 \
+  valgrind --tool=callgrind --toggle-collect=overhead::serve --callgrind-out-file=/dev/null "$bin" "$1" "$2" 2>&1 \
     | sed -n 's/.*Collected : \([0-9]*\).*/\1/p'
 }
 declare -A per

@@ -141,23 +141,33 @@ pub trait TierIdentifier: Send + Sync + 'static {
 pub struct PeerAddr(pub SocketAddr);
 
 /// The peer address of a request, as the layer sees it.
-pub(crate) fn peer_ip(parts: &Parts) -> Option<IpAddr> {
+pub(crate) fn peer_ip(extensions: &http::Extensions) -> Option<IpAddr> {
     #[cfg(feature = "axum")]
-    if let Some(info) = parts.extensions.get::<axum::extract::ConnectInfo<SocketAddr>>() {
+    if let Some(info) = extensions.get::<axum::extract::ConnectInfo<SocketAddr>>() {
         return Some(info.0.ip());
     }
-    parts.extensions.get::<PeerAddr>().map(|p| p.0.ip())
+    extensions.get::<PeerAddr>().map(|p| p.0.ip())
 }
 
 /// The client address: the peer, or, when the peer is a trusted proxy, the
 /// right-most `X-Forwarded-For` entry that is not a trusted proxy.
+#[cfg(test)]
 pub(crate) fn client_ip(parts: &Parts, trusted: &[IpAddr]) -> Option<IpAddr> {
-    let peer = peer_ip(parts)?;
+    client_ip_of(&parts.headers, &parts.extensions, trusted)
+}
+
+/// [`client_ip`] from the request's headers and extensions.
+pub(crate) fn client_ip_of(
+    headers: &http::HeaderMap,
+    extensions: &http::Extensions,
+    trusted: &[IpAddr],
+) -> Option<IpAddr> {
+    let peer = peer_ip(extensions)?;
     if !trusted.contains(&peer) {
         return Some(peer);
     }
     let mut client = peer;
-    for value in parts.headers.get_all("x-forwarded-for").iter().rev() {
+    for value in headers.get_all("x-forwarded-for").iter().rev() {
         let Ok(value) = value.to_str() else {
             return Some(client);
         };

@@ -197,6 +197,8 @@ fn cached_ratelimit(detail: &Detail) -> Option<HeaderValue> {
 }
 
 fn insert_common(headers: &mut HeaderMap, detail: &Detail, limit: u32, remaining: u32, reset_at: u64) {
+    // One growth of the map at most, rather than one per field.
+    headers.reserve(5);
     headers.insert(X_RATELIMIT_LIMIT, cached_num(u64::from(limit)));
     headers.insert(X_RATELIMIT_REMAINING, cached_num(u64::from(remaining)));
     headers.insert(X_RATELIMIT_RESET, cached_num(reset_at));

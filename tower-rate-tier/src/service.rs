@@ -6,15 +6,15 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::request::Parts;
-use http::{Request, Response, StatusCode};
+use http::{Extensions, HeaderMap, Method, Request, Response, StatusCode};
 use tower_service::Service;
 
-use crate::cost::{Charge, ChargeState, Charges, InScope, Outcome, Scope, Source, TierCost, now_or_never};
+use crate::cost::{Charge, ChargeState, Charges, InScope, Outcome, Scope, Source, TierCost};
 use crate::future::ResponseFuture;
-use crate::identity::{TierIdentity, client_ip};
+use crate::identity::{TierIdentity, client_ip_of};
 use crate::layer::{Identify, OnUnknownTier, RateLimitEvent, Shared};
 use crate::response;
-use crate::tier::{CheckError, MAX_USER_ID_LEN, OnMissing, TierId};
+use crate::tier::{CheckError, CheckResult, MAX_USER_ID_LEN, OnMissing, TierId};
 
 /// The service of [`TierLimitLayer`](crate::TierLimitLayer).
 #[derive(Clone)]
@@ -71,23 +71,23 @@ where
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        let (mut parts, body) = req.into_parts();
-        if self.shared.tiers.decides_now() {
-            if let Some(identity) = self.shared.identify_now(&parts) {
-                // Everything completes at once: decide inline, box nothing.
-                return match now_or_never(self.shared.admit(&mut parts, identity)) {
-                    Some(Admission::Pass(charge)) => {
-                        let future = {
-                            let _scope = Scope::enter(charge.as_ref());
-                            self.inner.call(Request::from_parts(parts, body))
-                        };
-                        ResponseFuture::inner(future, charge)
-                    }
-                    Some(Admission::Refuse(response)) => ResponseFuture::refuse(response.map(ResB::from)),
-                    None => ResponseFuture::refuse(crate::cost::internal_error().map(ResB::from)),
-                };
+        let shared = &*self.shared;
+        if shared.tiers.decides_now() && !matches!(shared.identify, Identify::Async(_)) {
+            // Everything completes at once: decide inline, box nothing.
+            if shared.cost_fn.is_none() && !matches!(shared.identify, Identify::Parts(_)) {
+                // Only the headers and extensions are read: in place,
+                // without splitting the request.
+                let mut req = req;
+                let identity = shared.identify_headers(req.headers());
+                let admission = self.shared.admit_now(&mut req, identity);
+                return self.pass_or_refuse(admission, req);
             }
+            let (mut parts, body) = req.into_parts();
+            let identity = shared.identify_now(&parts).flatten();
+            let admission = self.shared.admit_now(&mut parts, identity);
+            return self.pass_or_refuse(admission, Request::from_parts(parts, body));
         }
+        let (mut parts, body) = req.into_parts();
         // The identifier or the storage waits: the inner service is called
         // later, so take the one that was polled ready and leave a clone.
         let clone = self.inner.clone();
@@ -113,6 +113,87 @@ where
     }
 }
 
+impl<S> TierLimitService<S> {
+    /// Calls the inner service for an admitted request, or answers.
+    fn pass_or_refuse<ReqB, ResB>(
+        &mut self,
+        admission: Admission,
+        req: Request<ReqB>,
+    ) -> ResponseFuture<S::Future, ResB, S::Error>
+    where
+        S: Service<Request<ReqB>, Response = Response<ResB>>,
+        ResB: From<Bytes>,
+    {
+        match admission {
+            Admission::Pass(charge) => {
+                let future = {
+                    let _scope = Scope::enter(charge.as_ref());
+                    self.inner.call(req)
+                };
+                ResponseFuture::inner(future, charge)
+            }
+            Admission::Refuse(response) => ResponseFuture::refuse(response.map(ResB::from)),
+        }
+    }
+}
+
+/// The parts of a request head the limiter reads and writes: [`Parts`], or a
+/// whole [`Request`] read in place (no split, no move of the head).
+pub(crate) trait Head {
+    #[cfg_attr(not(feature = "axum"), allow(dead_code))]
+    fn method(&self) -> &Method;
+    fn headers(&self) -> &HeaderMap;
+    fn extensions(&self) -> &Extensions;
+    fn extensions_mut(&mut self) -> &mut Extensions;
+    /// The head as `Parts`, for the user's functions of `&Parts`.
+    fn parts(&self) -> Option<&Parts>;
+}
+
+impl Head for Parts {
+    fn method(&self) -> &Method {
+        &self.method
+    }
+    fn headers(&self) -> &HeaderMap {
+        &self.headers
+    }
+    fn extensions(&self) -> &Extensions {
+        &self.extensions
+    }
+    fn extensions_mut(&mut self) -> &mut Extensions {
+        &mut self.extensions
+    }
+    fn parts(&self) -> Option<&Parts> {
+        Some(self)
+    }
+}
+
+impl<B> Head for Request<B> {
+    fn method(&self) -> &Method {
+        self.method()
+    }
+    fn headers(&self) -> &HeaderMap {
+        self.headers()
+    }
+    fn extensions(&self) -> &Extensions {
+        self.extensions()
+    }
+    fn extensions_mut(&mut self) -> &mut Extensions {
+        self.extensions_mut()
+    }
+    fn parts(&self) -> Option<&Parts> {
+        None
+    }
+}
+
+/// Who pays how much, before the storage is asked.
+pub(crate) struct Bill {
+    user: String,
+    tier: TierId,
+    cost: u32,
+    source: Source,
+    learned: bool,
+}
+
 impl Shared {
     /// The identity, when the identifier answers without waiting.
     fn identify_now(&self, parts: &Parts) -> Option<Option<TierIdentity>> {
@@ -121,6 +202,15 @@ impl Shared {
             Identify::Headers(f) => Some(f(&parts.headers)),
             Identify::Parts(f) => Some(f(parts)),
             Identify::Async(_) => None,
+        }
+    }
+
+    /// The identity from the headers alone (no identifier, or a function of
+    /// the headers).
+    fn identify_headers(&self, headers: &HeaderMap) -> Option<TierIdentity> {
+        match &self.identify {
+            Identify::Headers(f) => f(headers),
+            _ => None,
         }
     }
 
@@ -138,6 +228,36 @@ impl Shared {
         parts: &mut Parts,
         identity: Option<TierIdentity>,
     ) -> Admission {
+        let bill = match self.bill(parts, identity) {
+            Ok(bill) => bill,
+            Err(admission) => return admission,
+        };
+        let result = self.tiers.check_id(&bill.user, bill.tier, bill.cost).await;
+        self.conclude(parts, bill, result)
+    }
+
+    /// [`Shared::admit`] on a storage that decides without waiting.
+    pub(crate) fn admit_now(
+        self: &Arc<Self>,
+        head: &mut impl Head,
+        identity: Option<TierIdentity>,
+    ) -> Admission {
+        let bill = match self.bill(head, identity) {
+            Ok(bill) => bill,
+            Err(admission) => return admission,
+        };
+        match self.tiers.check_now(&bill.user, bill.tier, bill.cost) {
+            Some(result) => self.conclude(head, bill, result),
+            None => Admission::Refuse(crate::cost::internal_error()),
+        }
+    }
+
+    /// Who pays how much, or the answer when the request is not charged.
+    fn bill(
+        self: &Arc<Self>,
+        head: &mut impl Head,
+        identity: Option<TierIdentity>,
+    ) -> Result<Bill, Admission> {
         // Ids starting with the anonymous prefix are refused, so that no
         // identifier can hand a client another address's bucket.
         let identity = identity.filter(|i| {
@@ -148,21 +268,36 @@ impl Shared {
         let (user, tier) = match identity {
             Some(identity) => match self.tiers.resolve(&identity.tier) {
                 Some(id) => (identity.user_id, id),
-                None => match self.unknown_tier(parts, &identity) {
-                    Ok(id) => (identity.user_id, id),
-                    Err(admission) => return admission,
-                },
+                None => {
+                    let id = self.unknown_tier(head, &identity)?;
+                    (identity.user_id, id)
+                }
             },
-            None => match self.unidentified(parts) {
-                Ok(pair) => pair,
-                Err(admission) => return admission,
-            },
+            None => self.unidentified(head)?,
         };
-        let (cost, source, learned) = self.edge_cost(parts);
+        let (cost, source, learned) = self.edge_cost(head);
+        Ok(Bill {
+            user,
+            tier,
+            cost,
+            source,
+            learned,
+        })
+    }
+
+    /// The admission of a charged request, from the storage's answer.
+    fn conclude(self: &Arc<Self>, head: &mut impl Head, bill: Bill, result: CheckResult) -> Admission {
+        let Bill {
+            user,
+            tier,
+            cost,
+            source,
+            learned,
+        } = bill;
         let declares_nothing = learned && source == Source::Default;
-        match self.tiers.check_id(&user, tier, cost).await {
+        match result {
             Ok(Ok(info)) => {
-                let route = self.route_key(parts);
+                let route = self.route_key(head);
                 let outcome = if info.is_unlimited() {
                     Outcome::Bypass
                 } else {
@@ -184,14 +319,14 @@ impl Shared {
                     // Route-level declarations find the charge in the
                     // extensions even across a task boundary; routes known
                     // to declare nothing still see it in the thread's scope.
-                    self.attach(parts, &charge);
+                    self.attach(head, &charge);
                 }
                 Admission::Pass(Some(charge))
             }
             Ok(Err(limited)) => Admission::Refuse(self.limited(&user, cost, &limited)),
             Err(CheckError::Storage(error)) => {
                 match self.storage_failed(&user, &self.tiers.entry(tier).name, &error) {
-                    None => self.bypass(parts, user, tier),
+                    None => self.bypass(head, user, tier),
                     Some(refusal) => Admission::Refuse(refusal),
                 }
             }
@@ -201,35 +336,37 @@ impl Shared {
 
     /// Lets a request through uncounted, still marking it as seen by a
     /// limiter (so route-level costs do not fail closed).
-    fn bypass(self: &Arc<Self>, parts: &mut Parts, user: String, tier: TierId) -> Admission {
+    fn bypass(self: &Arc<Self>, head: &mut impl Head, user: String, tier: TierId) -> Admission {
         let charge = Arc::new(Charge::new(self.clone(), user, tier, None, ChargeState::bypass()));
-        self.attach(parts, &charge);
+        self.attach(head, &charge);
         Admission::Pass(Some(charge))
     }
 
-    fn attach(&self, parts: &mut Parts, charge: &Arc<Charge>) {
-        match parts.extensions.get_mut::<Charges>() {
+    fn attach(&self, head: &mut impl Head, charge: &Arc<Charge>) {
+        let extensions = head.extensions_mut();
+        match extensions.get_mut::<Charges>() {
             Some(charges) => charges.0.push(charge.clone()),
             None => {
                 let mut charges = Charges::default();
                 charges.0.push(charge.clone());
-                parts.extensions.insert(charges);
+                extensions.insert(charges);
             }
         }
     }
 
     /// The cost known before the route runs, who set it, and whether it
     /// was learned from earlier requests to the route.
-    fn edge_cost(&self, parts: &Parts) -> (u32, Source, bool) {
-        if let Some(TierCost(cost)) = parts.extensions.get::<TierCost>() {
+    fn edge_cost(&self, head: &impl Head) -> (u32, Source, bool) {
+        let extensions = head.extensions();
+        if let Some(TierCost(cost)) = extensions.get::<TierCost>() {
             return (*cost, Source::Edge, false);
         }
-        if let Some(cost) = self.cost_fn.as_ref().and_then(|f| f(parts)) {
+        if let Some(cost) = self.cost_fn.as_ref().and_then(|f| f(head.parts()?)) {
             return (cost, Source::Edge, false);
         }
         #[cfg(feature = "axum")]
-        if let Some(path) = parts.extensions.get::<axum::extract::MatchedPath>() {
-            if let Some((cost, source)) = self.learned.get(&parts.method, path) {
+        if let Some(path) = extensions.get::<axum::extract::MatchedPath>() {
+            if let Some((cost, source)) = self.learned.get(head.method(), path) {
                 return (cost, source, true);
             }
         }
@@ -237,19 +374,19 @@ impl Shared {
     }
 
     #[cfg(feature = "axum")]
-    fn route_key(&self, parts: &Parts) -> Option<(http::Method, crate::cost::RouteKey)> {
-        let path = parts.extensions.get::<axum::extract::MatchedPath>()?;
-        Some((parts.method.clone(), path.clone()))
+    fn route_key(&self, head: &impl Head) -> Option<(http::Method, crate::cost::RouteKey)> {
+        let path = head.extensions().get::<axum::extract::MatchedPath>()?;
+        Some((head.method().clone(), path.clone()))
     }
 
     #[cfg(not(feature = "axum"))]
-    fn route_key(&self, _parts: &Parts) -> Option<(http::Method, crate::cost::RouteKey)> {
+    fn route_key(&self, _head: &impl Head) -> Option<(http::Method, crate::cost::RouteKey)> {
         None
     }
 
     fn unknown_tier(
         self: &Arc<Self>,
-        parts: &mut Parts,
+        head: &mut impl Head,
         identity: &TierIdentity,
     ) -> Result<TierId, Admission> {
         let (user, tier) = (&*identity.user_id, &*identity.tier);
@@ -268,17 +405,17 @@ impl Shared {
                 "the client's tier is not configured",
                 serde_json::Value::Null,
             ))),
-            OnUnknownTier::Allow => Err(Admission::Pass(self.pass_uncounted(parts))),
+            OnUnknownTier::Allow => Err(Admission::Pass(self.pass_uncounted(head))),
         }
     }
 
-    fn unidentified(self: &Arc<Self>, parts: &mut Parts) -> Result<(String, TierId), Admission> {
+    fn unidentified(self: &Arc<Self>, head: &mut impl Head) -> Result<(String, TierId), Admission> {
         tracing::debug!(target: "tower_rate_tier", policy = ?self.tiers.on_missing(), "client not identified");
         self.event(&RateLimitEvent::Unidentified);
         match self.tiers.on_missing() {
             OnMissing::UseDefault => match self.tiers.default_id() {
                 Some(id) => {
-                    let user = match client_ip(parts, &self.trusted_proxies) {
+                    let user = match client_ip_of(head.headers(), head.extensions(), &self.trusted_proxies) {
                         Some(ip) => {
                             let mut user = String::with_capacity(48);
                             user.push_str(ANONYMOUS_PREFIX);
@@ -296,7 +433,7 @@ impl Shared {
                     serde_json::Value::Null,
                 ))),
             },
-            OnMissing::Allow => Err(Admission::Pass(self.pass_uncounted(parts))),
+            OnMissing::Allow => Err(Admission::Pass(self.pass_uncounted(head))),
             OnMissing::Deny(status) => Err(Admission::Refuse(response::problem(
                 status,
                 "the client is not identified",
@@ -307,11 +444,11 @@ impl Shared {
 
     /// A request let through uncounted by policy: marked as seen by the
     /// limiter, so that route-level costs do not fail closed.
-    fn pass_uncounted(self: &Arc<Self>, parts: &mut Parts) -> Option<Arc<Charge>> {
+    fn pass_uncounted(self: &Arc<Self>, head: &mut impl Head) -> Option<Arc<Charge>> {
         let tier = self.tiers.default_id().unwrap_or(TierId(0));
         let charge = Charge::new(self.clone(), String::new(), tier, None, ChargeState::bypass());
         let charge = Arc::new(charge);
-        self.attach(parts, &charge);
+        self.attach(head, &charge);
         Some(charge)
     }
 }
