@@ -78,6 +78,7 @@ fn anchor() -> &'static Anchor {
 }
 
 impl Clock for SystemClock {
+    #[inline]
     fn now(&self) -> Nanos {
         let anchor = anchor();
         let elapsed = anchor.clock.delta_as_nanos(anchor.start, anchor.clock.raw());

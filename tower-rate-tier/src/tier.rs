@@ -468,6 +468,7 @@ impl RateTier {
         self.inner.storage.decides_now()
     }
 
+    #[inline]
     pub(crate) fn resolve(&self, tier: &str) -> Option<TierId> {
         // A few names compare faster than they hash.
         let tiers = &self.inner.tiers;
@@ -846,6 +847,7 @@ impl RateTierBuilder {
                     .ok_or_else(|| BuildError::UnknownDefaultTier(name.into_owned()))?,
             ),
         };
+        let system_clock = self.clock.is_none();
         let clock: Arc<dyn Clock> = self.clock.unwrap_or_else(|| Arc::new(SystemClock));
         // Calibrates the process clock now rather than on the first request.
         let _ = clock.now();
@@ -856,7 +858,11 @@ impl RateTierBuilder {
                 (Arc::new(memory.clone()), Some(memory))
             }
         };
-        storage.use_clock(clock.clone());
+        match &memory {
+            // The storage then reads the clock without a dynamic call.
+            Some(memory) if system_clock => memory.use_system_clock(),
+            _ => storage.use_clock(clock.clone()),
+        }
         let namespace: Box<str> = self.namespace.into();
         let prepared = tiers
             .iter()

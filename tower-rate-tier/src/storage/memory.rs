@@ -76,6 +76,8 @@ struct Inner {
     max_keys: usize,
     gc_interval: Duration,
     clock: OnceLock<Arc<dyn Clock>>,
+    /// `clock` is the [`SystemClock`], read without a dynamic call.
+    system_clock: AtomicBool,
     gc_running: AtomicBool,
     last_inline_sweep: AtomicU64,
 }
@@ -136,6 +138,7 @@ impl MemoryStorageBuilder {
                 max_keys: self.max_keys,
                 gc_interval: self.gc_interval,
                 clock,
+                system_clock: AtomicBool::new(false),
                 gc_running: AtomicBool::new(false),
                 last_inline_sweep: AtomicU64::new(0),
             }),
@@ -177,6 +180,14 @@ impl MemoryStorage {
 
     fn ensure_gc(&self) {
         ensure_gc(&self.inner);
+    }
+
+    /// [`Storage::use_clock`] with the [`SystemClock`]: decides with it
+    /// unless the storage already has a clock.
+    pub(crate) fn use_system_clock(&self) {
+        if self.inner.clock.set(Arc::new(SystemClock)).is_ok() {
+            self.inner.system_clock.store(true, Ordering::Relaxed);
+        }
     }
 
     fn check_sync(
@@ -331,7 +342,11 @@ impl Inner {
         f(&self.scope(key.namespace, key.tier))
     }
 
+    #[inline]
     fn now(&self) -> Nanos {
+        if self.system_clock.load(Ordering::Relaxed) {
+            return SystemClock.now();
+        }
         match self.clock.get() {
             Some(clock) => clock.now(),
             None => SystemClock.now(),
