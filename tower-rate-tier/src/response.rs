@@ -118,8 +118,31 @@ fn cached<K: PartialEq + Copy>(
         .flatten()
 }
 
-fn cached_num(n: u64) -> HeaderValue {
-    cached(|c| &mut c.numbers, n, n, || Some(num(n))).unwrap_or_else(|| num(n))
+/// The header values of the three numbers of the `X-RateLimit-*` fields,
+/// with one access to the thread's cache.
+fn cached_nums(a: u64, b: u64, c: u64) -> (HeaderValue, HeaderValue, HeaderValue) {
+    fn get(numbers: &mut [Option<(u64, HeaderValue)>], n: u64) -> HeaderValue {
+        let Some(entry) = numbers.get_mut(slot(n)) else {
+            return num(n);
+        };
+        match entry {
+            Some((k, v)) if *k == n => v.clone(),
+            _ => {
+                let value = num(n);
+                *entry = Some((n, value.clone()));
+                value
+            }
+        }
+    }
+    CACHE
+        .try_with(|cache| {
+            let mut cache = cache.try_borrow_mut().ok()?;
+            let numbers = &mut cache.numbers;
+            Some((get(numbers, a), get(numbers, b), get(numbers, c)))
+        })
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| (num(a), num(b), num(c)))
 }
 
 /// A tier name as an RFC 8941 string: printable ASCII, with `"` and `\`
@@ -199,9 +222,10 @@ fn cached_ratelimit(detail: &Detail) -> Option<HeaderValue> {
 fn insert_common(headers: &mut HeaderMap, detail: &Detail, limit: u32, remaining: u32, reset_at: u64) {
     // One growth of the map at most, rather than one per field.
     headers.reserve(5);
-    headers.insert(X_RATELIMIT_LIMIT, cached_num(u64::from(limit)));
-    headers.insert(X_RATELIMIT_REMAINING, cached_num(u64::from(remaining)));
-    headers.insert(X_RATELIMIT_RESET, cached_num(reset_at));
+    let (limit, remaining, reset_at) = cached_nums(u64::from(limit), u64::from(remaining), reset_at);
+    headers.insert(X_RATELIMIT_LIMIT, limit);
+    headers.insert(X_RATELIMIT_REMAINING, remaining);
+    headers.insert(X_RATELIMIT_RESET, reset_at);
     if let Some(v) = &detail.tier.policy_header {
         headers.insert(RATELIMIT_POLICY, v.clone());
     }
