@@ -2,7 +2,9 @@
 //! instructions under callgrind: without a limiter, with tower-rate-tier's
 //! layer, and with tower_governor's. See `run.sh` and `BENCHMARKS.md`.
 //!
-//! `overhead MODE N` with MODE one of `none`, `ours`, `governor`.
+//! `overhead MODE N` with MODE one of `none`, `noop`, `ours`, `governor`,
+//! `fields`, `fields+id` (see `app`), or `core-ours`, `core-governor`,
+//! `core-ab ROUNDS` for the bare check.
 
 use std::borrow::Cow;
 use std::future::Future;
@@ -16,7 +18,7 @@ use tower::ServiceExt;
 use tower_governor::GovernorError;
 use tower_governor::governor::GovernorConfigBuilder;
 use tower_governor::key_extractor::KeyExtractor;
-use tower_rate_tier::{Quota, RateTier, TierIdentity, TierLimitLayer};
+use tower_rate_tier::{Quota, RateTier, TierIdentity, TierLimitLayer, response};
 
 const USERS: usize = 1_000;
 
@@ -39,6 +41,18 @@ impl KeyExtractor for UserHeader {
 fn identify(headers: &HeaderMap) -> Option<TierIdentity> {
     let user = headers.get("x-user")?.to_str().ok()?;
     Some(TierIdentity::new(user, Cow::Borrowed("free")))
+}
+
+/// The five fields `ours` adds to an admitted response, with constant values.
+fn insert_fields(mut res: http::Response<Body>) -> http::Response<Body> {
+    let headers = res.headers_mut();
+    headers.reserve(5);
+    headers.insert(response::X_RATELIMIT_LIMIT, HeaderValue::from_static("10000"));
+    headers.insert(response::X_RATELIMIT_REMAINING, HeaderValue::from_static("9999"));
+    headers.insert(response::X_RATELIMIT_RESET, HeaderValue::from_static("1704067201"));
+    headers.insert(response::RATELIMIT_POLICY, HeaderValue::from_static("\"free\";q=10000;w=3600"));
+    headers.insert(response::RATELIMIT, HeaderValue::from_static("\"free\";r=9999;t=1"));
+    res
 }
 
 fn app(mode: &str) -> Router {
@@ -64,7 +78,19 @@ fn app(mode: &str) -> Router {
                 .expect("valid governor config");
             router.layer(tower_governor::GovernorLayer::new(Arc::new(config)))
         }
-        other => panic!("unknown mode {other}: use none, ours or governor"),
+        // Floors, for reference: a router-wide layer that only inserts the
+        // five header fields ours adds (constant values, no limiting)...
+        "fields" => router.layer(tower::util::MapResponseLayer::new(insert_fields)),
+        // ...and one that also runs the same identifier as `ours`.
+        "fields+id" => router.layer(
+            tower::ServiceBuilder::new()
+                .map_request(|req: Request<Body>| {
+                    std::hint::black_box(identify(req.headers()));
+                    req
+                })
+                .map_response(insert_fields),
+        ),
+        other => panic!("unknown mode {other}: use none, noop, ours, governor, fields or fields+id"),
     }
 }
 
