@@ -958,6 +958,53 @@ async fn a_declaration_behind_a_conditional_layer_is_still_charged_exactly() {
 }
 
 #[tokio::test]
+async fn requests_that_skip_a_conditional_declaration_keep_costing_one() {
+    // Once the limiter has priced a route, a declaration that runs only on
+    // some of its requests is settled on those, and does not re-price the
+    // requests that skip it.
+    let clock = FakeClock::new();
+    let app = Router::new()
+        .route(
+            "/maybe",
+            get(|| async { "computed" })
+                .layer(tier_cost(5))
+                .layer(axum::middleware::from_fn(
+                    |req: Request<Body>, next: axum::middleware::Next| async move {
+                        if req.headers().contains_key("x-cached") {
+                            return http::Response::new(Body::from("cached"));
+                        }
+                        next.run(req).await
+                    },
+                )),
+        )
+        .layer(layer(&clock));
+    let maybe = |cached: bool| {
+        let mut r = req("GET", "/maybe", Some("ada"), None);
+        if cached {
+            r.headers_mut().insert("x-cached", "1".parse().unwrap());
+        }
+        r
+    };
+    let mut seen = Vec::new();
+    for cached in [true, true, false, true, true, false] {
+        let r = send(&app, maybe(cached)).await;
+        seen.push((r.status.as_u16(), r.remaining()));
+    }
+    // 10 units: 1, 1, 5, 1, 1, then 5 does not fit in the 1 left
+    assert_eq!(
+        seen,
+        [
+            (200, Some(9)),
+            (200, Some(8)),
+            (200, Some(3)),
+            (200, Some(2)),
+            (200, Some(1)),
+            (429, Some(1))
+        ]
+    );
+}
+
+#[tokio::test]
 async fn identities_cannot_claim_an_anonymous_bucket() {
     // An identifier that passes a client-chosen id through must not let the
     // client spend (or dodge into) an anonymous address's bucket.

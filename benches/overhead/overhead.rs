@@ -49,9 +49,18 @@ fn insert_fields(mut res: http::Response<Body>) -> http::Response<Body> {
     headers.reserve(5);
     headers.insert(response::X_RATELIMIT_LIMIT, HeaderValue::from_static("10000"));
     headers.insert(response::X_RATELIMIT_REMAINING, HeaderValue::from_static("9999"));
-    headers.insert(response::X_RATELIMIT_RESET, HeaderValue::from_static("1704067201"));
-    headers.insert(response::RATELIMIT_POLICY, HeaderValue::from_static("\"free\";q=10000;w=3600"));
-    headers.insert(response::RATELIMIT, HeaderValue::from_static("\"free\";r=9999;t=1"));
+    headers.insert(
+        response::X_RATELIMIT_RESET,
+        HeaderValue::from_static("1704067201"),
+    );
+    headers.insert(
+        response::RATELIMIT_POLICY,
+        HeaderValue::from_static("\"free\";q=10000;w=3600"),
+    );
+    headers.insert(
+        response::RATELIMIT,
+        HeaderValue::from_static("\"free\";r=9999;t=1"),
+    );
     res
 }
 

@@ -66,6 +66,13 @@
 //! cost from the first request that reaches it, so from then on a request
 //! costs exactly one storage operation.
 //!
+//! A declaration that runs on only some requests of a route (behind a cache
+//! layer that answers the others, say) is still charged exactly where it
+//! runs; the requests that skip it pay the route's learned price: 1 when the
+//! first request the limiter saw there skipped the declaration, the declared
+//! cost when it ran. Price such routes up front with the cost function when
+//! that matters.
+//!
 //! Until a route's cost has been learned (its first request after start, per
 //! limiter), the pre-charge of 1 is held for the time between the limiter and
 //! the route's declaration: a concurrent request of the same user in that

@@ -297,7 +297,11 @@ impl Shared {
         let declares_nothing = learned && source == Source::Default;
         match result {
             Ok(Ok(info)) => {
-                let route = self.route_key(head);
+                // A route whose cost is learned needs no more learning: a
+                // declaration that still runs there is settled, not learned
+                // (so a declaration behind a condition never re-prices the
+                // requests that skip it).
+                let route = if learned { None } else { self.route_key(head) };
                 let outcome = if info.is_unlimited() {
                     Outcome::Bypass
                 } else {
