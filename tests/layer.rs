@@ -1037,3 +1037,217 @@ async fn identities_cannot_claim_an_anonymous_bucket() {
     );
     assert_eq!(send(&app, from(None)).await.status, StatusCode::TOO_MANY_REQUESTS);
 }
+
+#[tokio::test]
+async fn a_price_learned_from_a_refused_request_is_corrected_by_the_next_admitted_one() {
+    // handler #[tier_cost(5)] wins over the route layer's 8 (precedence).
+    // The first request is refused by the route layer (8 does not fit), so the
+    // limiter learns (8, RouteLayer). A later admitted request declares 5 (Handler).
+    let clock = FakeClock::new();
+    let app = Router::new()
+        .route("/plain", get(|| async { "ok" }))
+        .route("/both", get(hand_expanded).layer(tier_cost(8)))
+        .layer(layer(&clock));
+    for _ in 0..5 {
+        hit(&app, "GET", "/plain", "ada").await;
+    }
+    // ada has 5 left: the route layer's 8 does not fit -> 429
+    assert_eq!(hit(&app, "GET", "/both", "ada").await.0, 429);
+    // bob, fresh: admitted, charged exactly 5 (handler wins)
+    assert_eq!(hit(&app, "GET", "/both", "bob").await, (200, Some(5)));
+    // carol has 6 left: the route costs 5, so it must pass
+    for _ in 0..4 {
+        hit(&app, "GET", "/plain", "carol").await;
+    }
+    assert_eq!(hit(&app, "GET", "/both", "carol").await, (200, Some(1)));
+}
+
+#[tokio::test]
+async fn tiers_sharing_one_memory_storage_keep_namespaces_cap_and_first_clock() {
+    let storage = MemoryStorage::builder().max_keys(2).build();
+    let clock = FakeClock::new();
+    // a: default clock (direct + system clock); b: FakeClock, other namespace
+    let a = RateTier::builder()
+        .tier("free", Quota::per_minute(3))
+        .storage(storage.clone())
+        .build();
+    let b = RateTier::builder()
+        .tier("free", Quota::per_minute(3))
+        .namespace("b")
+        .clock(clock.clone())
+        .storage(storage.clone())
+        .build();
+    assert_eq!(a.check("u", "free", 2).await.unwrap().unwrap().remaining, 1);
+    assert_eq!(b.check("u", "free", 1).await.unwrap().unwrap().remaining, 2);
+    a.refund("u", "free", 1).await.unwrap();
+    assert_eq!(a.check("u", "free", 0).await.unwrap().unwrap().remaining, 2);
+    assert_eq!(b.check("u", "free", 0).await.unwrap().unwrap().remaining, 2);
+    // key cap: 2 keys in use
+    let err = a.check("v", "free", 1).await.unwrap_err();
+    assert!(
+        matches!(err, tower_rate_tier::CheckError::Storage(ref e) if e.kind() == StorageErrorKind::Full),
+        "{err:?}"
+    );
+    // cost 0 peek does not take a key
+    assert_eq!(a.check("w", "free", 0).await.unwrap().unwrap().remaining, 3);
+    assert_eq!(storage.len(), 2);
+    // b on the FakeClock: time passes for b only
+    clock.advance(Duration::from_secs(20));
+    // the storage keeps the first tier's clock (SystemClock): b's FakeClock is ignored
+    assert_eq!(b.check("u", "free", 0).await.unwrap().unwrap().remaining, 2);
+    assert_eq!(a.check("u", "free", 0).await.unwrap().unwrap().remaining, 2);
+}
+
+async fn policy_script(mode: usize, deny_on_error: bool) -> Vec<(u16, Vec<(String, String)>, Bytes)> {
+    let clock = FakeClock::new();
+    let storage = MemoryStorage::builder().max_keys(12).build();
+    let tiers = RateTier::builder()
+        .tier("free", Quota::per_minute(10))
+        .tier("multi", [Quota::per_second(2), Quota::per_hour(5)])
+        .tier("enterprise", Quota::unlimited())
+        .default_tier("free")
+        .clock(clock.clone())
+        .storage(storage.clone())
+        .build();
+    let inner_tiers = RateTier::builder()
+        .tier("free", Quota::per_minute(7))
+        .default_tier("free")
+        .namespace("inner")
+        .clock(clock.clone())
+        .storage(storage.clone())
+        .build();
+    let policy = if deny_on_error {
+        OnStorageError::Deny
+    } else {
+        OnStorageError::Allow
+    };
+    let base = |t: RateTier| {
+        let l = TierLimitLayer::new(t)
+            .trusted_proxies(["10.0.0.1".parse().unwrap()])
+            .on_storage_error(policy);
+        match mode {
+            0 => l.identifier_fn(header_identity),
+            1 => l.identifier_parts_fn(|p| header_identity(&p.headers)),
+            2 => l.identifier_fn(header_identity).cost_fn(|_| None),
+            _ => l.identifier(AsyncIds),
+        }
+    };
+    let app = Router::new()
+        .route("/plain", get(|| async { "ok" }))
+        .route("/layer", get(|| async { "ok" }).layer(tier_cost(3)))
+        .route("/guard", get(hand_expanded))
+        .route("/both", get(hand_expanded).layer(tier_cost(8)))
+        .route("/big", get(|| async { "ok" }).layer(tier_cost(50)))
+        .route("/zero", get(|| async { "ok" }).layer(tier_cost(0)))
+        .layer(base(inner_tiers))
+        .layer(base(tiers))
+        .layer(axum::middleware::map_request(
+            |mut req: Request<Body>| async move {
+                if req.headers().contains_key("x-cost") {
+                    let c = req.headers()["x-cost"].to_str().unwrap().parse().unwrap();
+                    req.extensions_mut().insert(TierCost(c));
+                }
+                req
+            },
+        ));
+    let mut out = Vec::new();
+    let users = ["ada", "bob", "", &"x".repeat(300), "\u{0}evil"];
+    let paths = ["/plain", "/layer", "/guard", "/both", "/big", "/zero"];
+    let tiers_h = [None, Some("multi"), Some("enterprise"), Some("nope")];
+    let mut n = 0u32;
+    for round in 0..3 {
+        for (pi, path) in paths.iter().enumerate() {
+            for (ui, user) in users.iter().enumerate() {
+                for (ti, tier) in tiers_h.iter().enumerate() {
+                    n += 1;
+                    let mut r = req("GET", path, None, *tier);
+                    // the last user (a NUL id, not a valid header value)
+                    // stays unidentified in the first round, then sends "z"
+                    if ui < 4 || round > 0 {
+                        r.headers_mut()
+                            .insert("x-user", user.parse().unwrap_or_else(|_| "z".parse().unwrap()));
+                    }
+                    if (pi + ui + ti + round) % 3 == 0 {
+                        let ip = format!("10.0.0.{}:1", 1 + (n % 3));
+                        r.extensions_mut()
+                            .insert(ConnectInfo(ip.parse::<SocketAddr>().unwrap()));
+                        r.headers_mut().insert(
+                            "x-forwarded-for",
+                            format!("9.9.9.{}, 10.0.0.1", n % 5).parse().unwrap(),
+                        );
+                        r.headers_mut().remove("x-user");
+                    }
+                    if matches!(n % 7, 0) {
+                        r.headers_mut()
+                            .insert("x-cost", format!("{}", n % 4).parse().unwrap());
+                    }
+                    let resp = send(&app, r).await;
+                    let mut hs: Vec<(String, String)> = resp
+                        .headers
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("?").to_string()))
+                        .collect();
+                    hs.sort();
+                    out.push((resp.status.as_u16(), hs, resp.body));
+                }
+            }
+            clock.advance(Duration::from_millis(700));
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn header_parts_cost_fn_and_async_identifier_paths_answer_alike() {
+    for deny in [false, true] {
+        let a = policy_script(0, deny).await;
+        for mode in 1..4 {
+            let b = policy_script(mode, deny).await;
+            assert_eq!(a.len(), b.len());
+            for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+                assert_eq!(x, y, "mode {mode} deny {deny} request {i}");
+            }
+        }
+        // The script reaches every kind of answer: admitted, limited, 403
+        // (unknown tier without a fitting default, cost above the burst) and,
+        // once the storage is full under `Deny`, 503.
+        let statuses: std::collections::BTreeSet<u16> = a.iter().map(|r| r.0).collect();
+        let expected: &[u16] = if deny {
+            &[200, 403, 429, 503]
+        } else {
+            &[200, 403, 429]
+        };
+        assert_eq!(statuses.into_iter().collect::<Vec<_>>(), expected);
+    }
+}
+
+/// Claims to decide at once but implements only the async methods.
+#[derive(Debug, Clone, Default)]
+struct AsyncOnlyNow(MemoryStorage);
+
+#[tower_rate_tier::async_trait]
+impl Storage for AsyncOnlyNow {
+    async fn check(&self, key: StorageKey<'_>, bands: &[Quota], cost: u32) -> Result<Decision, StorageError> {
+        self.0.check(key, bands, cost).await
+    }
+    async fn refund(&self, key: StorageKey<'_>, bands: &[Quota], cost: u32) -> Result<(), StorageError> {
+        self.0.refund(key, bands, cost).await
+    }
+    fn decides_now(&self) -> bool {
+        true
+    }
+}
+
+#[tokio::test]
+async fn a_storage_deciding_at_once_through_its_async_check_is_served() {
+    let clock = FakeClock::new();
+    let tiers = RateTier::builder()
+        .tier("free", Quota::per_minute(10))
+        .clock(clock.clone())
+        .storage(AsyncOnlyNow::default())
+        .build();
+    let app = Router::new()
+        .route("/plain", get(|| async { "ok" }))
+        .layer(TierLimitLayer::new(tiers).identifier_fn(header_identity));
+    assert_eq!(hit(&app, "GET", "/plain", "ada").await, (200, Some(9)));
+}

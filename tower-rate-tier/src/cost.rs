@@ -73,6 +73,12 @@
 //! cost when it ran. Price such routes up front with the cost function when
 //! that matters.
 //!
+//! Declarations settle in the order they run, and a route layer runs before
+//! the handler's `#[tier_cost]`: a route layer whose cost exceeds the burst
+//! answers 403 before the handler's (winning) declaration is seen. Do not
+//! stack a route layer above the burst on a handler that declares its own
+//! cost.
+//!
 //! Until a route's cost has been learned (its first request after start, per
 //! limiter), the pre-charge of 1 is held for the time between the limiter and
 //! the route's declaration: a concurrent request of the same user in that
@@ -230,9 +236,12 @@ impl Charge {
         match state.declared {
             // Learned also from refused requests, so that a cost above the
             // burst is answered 403 at once next time.
-            Some((cost, source)) => self.shared.learned.set(method, path, cost, source),
+            Some((cost, source)) => {
+                let provisional = matches!(state.outcome, Outcome::Refused);
+                self.shared.learned.set(method, path, cost, source, provisional)
+            }
             None if state.source == Source::Default && !state.learned && response.status().is_success() => {
-                self.shared.learned.set(method, path, 1, Source::Default)
+                self.shared.learned.set(method, path, 1, Source::Default, false)
             }
             None => {}
         }
@@ -494,7 +503,7 @@ pub(crate) fn now_or_never<F: Future>(future: F) -> Option<F::Output> {
 }
 
 /// The per-route costs a limiter has learned, by `MatchedPath` and method.
-type LearnedMap = HashMap<Arc<str>, SmallVec<[(Method, u32, Source); 2]>, foldhash::fast::RandomState>;
+type LearnedMap = HashMap<Arc<str>, SmallVec<[(Method, u32, Source, bool); 2]>, foldhash::fast::RandomState>;
 
 #[derive(Default)]
 pub(crate) struct Learned {
@@ -504,17 +513,19 @@ pub(crate) struct Learned {
 const MAX_LEARNED_ROUTES: usize = 4096;
 
 impl Learned {
-    pub(crate) fn get(&self, method: &Method, path: &RouteKey) -> Option<(u32, Source)> {
+    /// The learned cost, its source, and whether it is provisional (learned
+    /// from a refused request, whose later declarations may not have run).
+    pub(crate) fn get(&self, method: &Method, path: &RouteKey) -> Option<(u32, Source, bool)> {
         let map = self.map.read().unwrap_or_else(PoisonError::into_inner);
         let entries = map.get(route_str(path))?;
         entries
             .iter()
             .find(|(m, ..)| m == method)
-            .map(|&(_, cost, source)| (cost, source))
+            .map(|&(_, cost, source, provisional)| (cost, source, provisional))
     }
 
-    fn set(&self, method: &Method, path: &RouteKey, cost: u32, source: Source) {
-        if self.get(method, path) == Some((cost, source)) {
+    fn set(&self, method: &Method, path: &RouteKey, cost: u32, source: Source, provisional: bool) {
+        if self.get(method, path) == Some((cost, source, provisional)) {
             return;
         }
         let mut map = self.map.write().unwrap_or_else(PoisonError::into_inner);
@@ -523,8 +534,8 @@ impl Learned {
         }
         let entries = map.entry(Arc::from(route_str(path))).or_default();
         match entries.iter_mut().find(|(m, ..)| m == method) {
-            Some(entry) => *entry = (method.clone(), cost, source),
-            None => entries.push((method.clone(), cost, source)),
+            Some(entry) => *entry = (method.clone(), cost, source, provisional),
+            None => entries.push((method.clone(), cost, source, provisional)),
         }
     }
 }

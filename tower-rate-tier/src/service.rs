@@ -192,6 +192,8 @@ pub(crate) struct Bill {
     cost: u32,
     source: Source,
     learned: bool,
+    /// The learned cost is provisional: keep learning the route.
+    provisional: bool,
 }
 
 impl Shared {
@@ -246,10 +248,16 @@ impl Shared {
             Ok(bill) => bill,
             Err(admission) => return admission,
         };
-        match self.tiers.check_now(&bill.user, bill.tier, bill.cost) {
-            Some(result) => self.conclude(head, bill, result),
-            None => Admission::Refuse(crate::cost::internal_error()),
-        }
+        let result = match self.tiers.check_now(&bill.user, bill.tier, bill.cost) {
+            Some(result) => result,
+            // A storage that answers its async check at once without a
+            // `check_now` (as before: the future polled once).
+            None => match crate::cost::now_or_never(self.tiers.check_id(&bill.user, bill.tier, bill.cost)) {
+                Some(result) => result,
+                None => return Admission::Refuse(crate::cost::internal_error()),
+            },
+        };
+        self.conclude(head, bill, result)
     }
 
     /// Who pays how much, or the answer when the request is not charged.
@@ -275,13 +283,14 @@ impl Shared {
             },
             None => self.unidentified(head)?,
         };
-        let (cost, source, learned) = self.edge_cost(head);
+        let (cost, source, learned, provisional) = self.edge_cost(head);
         Ok(Bill {
             user,
             tier,
             cost,
             source,
             learned,
+            provisional,
         })
     }
 
@@ -293,6 +302,7 @@ impl Shared {
             cost,
             source,
             learned,
+            provisional,
         } = bill;
         let declares_nothing = learned && source == Source::Default;
         match result {
@@ -301,7 +311,11 @@ impl Shared {
                 // declaration that still runs there is settled, not learned
                 // (so a declaration behind a condition never re-prices the
                 // requests that skip it).
-                let route = if learned { None } else { self.route_key(head) };
+                let route = if learned && !provisional {
+                    None
+                } else {
+                    self.route_key(head)
+                };
                 let outcome = if info.is_unlimited() {
                     Outcome::Bypass
                 } else {
@@ -360,21 +374,23 @@ impl Shared {
 
     /// The cost known before the route runs, who set it, and whether it
     /// was learned from earlier requests to the route.
-    fn edge_cost(&self, head: &impl Head) -> (u32, Source, bool) {
+    fn edge_cost(&self, head: &impl Head) -> (u32, Source, bool, bool) {
+        // `call` reads the head in place only without a cost function.
+        debug_assert!(self.cost_fn.is_none() || head.parts().is_some());
         let extensions = head.extensions();
         if let Some(TierCost(cost)) = extensions.get::<TierCost>() {
-            return (*cost, Source::Edge, false);
+            return (*cost, Source::Edge, false, false);
         }
         if let Some(cost) = self.cost_fn.as_ref().and_then(|f| f(head.parts()?)) {
-            return (cost, Source::Edge, false);
+            return (cost, Source::Edge, false, false);
         }
         #[cfg(feature = "axum")]
         if let Some(path) = extensions.get::<axum::extract::MatchedPath>() {
-            if let Some((cost, source)) = self.learned.get(head.method(), path) {
-                return (cost, source, true);
+            if let Some((cost, source, provisional)) = self.learned.get(head.method(), path) {
+                return (cost, source, true, provisional);
             }
         }
-        (1, Source::Default, false)
+        (1, Source::Default, false, false)
     }
 
     #[cfg(feature = "axum")]
