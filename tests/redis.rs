@@ -538,6 +538,105 @@ async fn connecting_to_a_closed_port_fails_fast() {
     assert!(started.elapsed() < Duration::from_secs(2));
 }
 
+#[tokio::test]
+async fn a_lazy_storage_starts_while_redis_is_down() {
+    let Some(mut server) = RedisServer::start() else {
+        return;
+    };
+    server.kill();
+    let timeout = Duration::from_millis(250);
+    // connecting now would fail; the lazy storage is built at once
+    let lazy = RedisStorage::builder(server.url())
+        .timeout(timeout)
+        .connect_lazy()
+        .expect("a lazy storage needs no server");
+    let tiers = tiers(lazy);
+    for _ in 0..3 {
+        let started = Instant::now();
+        match tiers.check("lazy", "one", 1).await {
+            Err(CheckError::Storage(e)) => assert!(
+                matches!(
+                    e.kind(),
+                    StorageErrorKind::Unavailable | StorageErrorKind::Timeout
+                ),
+                "{e}"
+            ),
+            other => panic!("a check while Redis is down: {other:?}"),
+        }
+        assert!(started.elapsed() < timeout + Duration::from_millis(250));
+    }
+    server.restart();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let first = loop {
+        if let Ok(Ok(info)) = tiers.check("lazy", "one", 1).await {
+            break info;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no successful check within 2 s of the start"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    // counted in Redis from then on
+    assert_eq!(first.remaining, 36);
+    assert_eq!(
+        tiers.check("lazy", "one", 1).await.unwrap().unwrap().remaining,
+        35
+    );
+    assert!(server.command_calls("evalsha") + server.command_calls("eval") >= 2);
+}
+
+#[tokio::test]
+async fn a_lazy_storage_needs_a_runtime_and_a_valid_url() {
+    let err = std::thread::spawn(|| RedisStorage::builder("redis://127.0.0.1:1").connect_lazy().err())
+        .join()
+        .unwrap()
+        .expect("outside a runtime");
+    assert!(err.to_string().contains("tokio runtime"), "{err}");
+    let err = RedisStorage::builder("no-such-scheme://x")
+        .connect_lazy()
+        .expect_err("bad URL");
+    assert_eq!(err.kind(), StorageErrorKind::Other, "{err}");
+    let err = RedisStorage::builder("redis://127.0.0.1:1")
+        .prefix("a{b}")
+        .connect_lazy()
+        .expect_err("bad prefix");
+    assert!(err.to_string().contains("prefix"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lazy_cluster_storage_connects_with_the_first_decision() {
+    let Some(cluster) = cluster() else { return };
+    let lazy = tiers(
+        RedisStorage::cluster(cluster.urls())
+            .prefix("trt-cluster-lazy")
+            .connect_lazy()
+            .expect("a lazy cluster storage"),
+    );
+    for expected in [36, 35, 34] {
+        let info = lazy.check("lazy", "one", 1).await.unwrap().unwrap();
+        assert_eq!(info.remaining, expected);
+    }
+    // and a cluster that is not there: an error within the timeout, no hang
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let url = server.url();
+    drop(server);
+    let gone = tiers(
+        RedisStorage::cluster([url])
+            .timeout(Duration::from_millis(250))
+            .connect_lazy()
+            .expect("a lazy cluster storage"),
+    );
+    let started = Instant::now();
+    assert!(matches!(
+        gone.check("x", "one", 1).await,
+        Err(CheckError::Storage(_))
+    ));
+    assert!(started.elapsed() < Duration::from_millis(500));
+}
+
 // ------------------------------------------------------- under the layer
 
 fn identity(headers: &HeaderMap) -> Option<TierIdentity> {

@@ -51,6 +51,10 @@
 //! a call once after a redirection (`MOVED`/`ASK`) or a connection error; a
 //! retry after a connection error can, like a timeout, count a request that
 //! had already been counted.
+//!
+//! [`RedisStorageBuilder::connect`] fails while Redis is down;
+//! [`RedisStorageBuilder::connect_lazy`] returns at once and connects with
+//! the first decision, for services that must start during an outage.
 
 use std::fmt;
 use std::sync::Arc;
@@ -59,7 +63,7 @@ use std::time::Duration;
 
 use hmac::{Hmac, KeyInit, Mac};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::cluster::ClusterClientBuilder;
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 use sha2::{Digest, Sha256};
@@ -113,6 +117,13 @@ struct KeyCodec {
 enum Conn {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
+    /// A cluster connection made by the first call that needs it.
+    LazyCluster(Arc<LazyCluster>),
+}
+
+struct LazyCluster {
+    client: ClusterClient,
+    conn: tokio::sync::OnceCell<ClusterConnection>,
 }
 
 /// Configures a [`RedisStorage`]; see [`RedisStorage::builder`] and
@@ -226,45 +237,104 @@ impl RedisStorageBuilder {
         let keys = KeyCodec::new(self.prefix.clone(), self.secret.as_deref())?;
         let connect_timeout = self.timeout.max(Duration::from_secs(1));
         let conn = if self.cluster {
-            let client = ClusterClientBuilder::new(self.urls.clone())
-                .connection_timeout(self.timeout)
-                .response_timeout(self.timeout)
-                .retries(1)
-                .min_retry_wait(5)
-                .max_retry_wait(50)
-                .build()
-                .map_err(|e| error_from(&e))?;
+            let client = self.cluster_client()?;
             let conn = tokio::time::timeout(connect_timeout, client.get_async_connection())
                 .await
                 .map_err(|_| timeout_error(connect_timeout))?
                 .map_err(|e| error_from(&e))?;
             Conn::Cluster(conn)
         } else {
-            let Some(url) = self.urls.first() else {
-                return Err(StorageError::new(StorageErrorKind::Other, "no Redis URL given"));
-            };
-            let client = redis::Client::open(url.as_str()).map_err(|e| error_from(&e))?;
-            // Fail fast while the server is down: one connection attempt per
-            // reconnect (bounded by the timeout), no backoff sleeps. The
-            // manager starts a new attempt when a call meets a broken
-            // connection.
-            let config = ConnectionManagerConfig::new()
-                .set_number_of_retries(0)
-                .set_min_delay(Duration::from_millis(1))
-                .set_max_delay(Duration::from_millis(10))
-                .set_connection_timeout(Some(self.timeout))
-                .set_response_timeout(Some(self.timeout));
+            let client = self.single_client()?;
             let conn = tokio::time::timeout(
                 connect_timeout,
-                ConnectionManager::new_with_config(client, config),
+                ConnectionManager::new_with_config(client, self.manager_config()),
             )
             .await
             .map_err(|_| timeout_error(connect_timeout))?
             .map_err(|e| error_from(&e))?;
             Conn::Single(conn)
         };
+        Ok(self.storage(keys, conn))
+    }
+
+    /// Returns the storage at once and connects with the first decision
+    /// (for a service that must start while Redis is down). Until Redis
+    /// answers, every decision fails like one on a lost connection
+    /// ([`StorageErrorKind::Unavailable`] or [`StorageErrorKind::Timeout`],
+    /// within the timeout), which the layer answers by its
+    /// `OnStorageError` policy; later decisions connect again.
+    ///
+    /// Fails at once when a URL, the prefix or the secret is invalid, or
+    /// when called outside a tokio runtime (the connection's background task
+    /// needs one).
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tower_rate_tier::{Quota, RateTier, storage::RedisStorage};
+    ///
+    /// let storage = RedisStorage::builder("redis://127.0.0.1:6379").connect_lazy()?;
+    /// let tiers = RateTier::builder().tier("free", Quota::per_hour(100)).storage(storage).build();
+    /// // fails (storage error) while Redis is down, counts once it is up
+    /// let _ = tiers.check("user-1", "free", 1).await;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn connect_lazy(self) -> Result<RedisStorage, StorageError> {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(StorageError::new(
+                StorageErrorKind::Other,
+                "RedisStorageBuilder::connect_lazy must be called inside a tokio runtime",
+            ));
+        }
+        let keys = KeyCodec::new(self.prefix.clone(), self.secret.as_deref())?;
+        let conn = if self.cluster {
+            Conn::LazyCluster(Arc::new(LazyCluster {
+                client: self.cluster_client()?,
+                conn: tokio::sync::OnceCell::new(),
+            }))
+        } else {
+            let client = self.single_client()?;
+            let conn = ConnectionManager::new_lazy_with_config(client, self.manager_config())
+                .map_err(|e| error_from(&e))?;
+            Conn::Single(conn)
+        };
+        Ok(self.storage(keys, conn))
+    }
+
+    fn cluster_client(&self) -> Result<ClusterClient, StorageError> {
+        ClusterClientBuilder::new(self.urls.clone())
+            .connection_timeout(self.timeout)
+            .response_timeout(self.timeout)
+            .retries(1)
+            .min_retry_wait(5)
+            .max_retry_wait(50)
+            .build()
+            .map_err(|e| error_from(&e))
+    }
+
+    fn single_client(&self) -> Result<redis::Client, StorageError> {
+        let Some(url) = self.urls.first() else {
+            return Err(StorageError::new(StorageErrorKind::Other, "no Redis URL given"));
+        };
+        redis::Client::open(url.as_str()).map_err(|e| error_from(&e))
+    }
+
+    /// Fail fast while the server is down: one connection attempt per
+    /// reconnect (bounded by the timeout), no backoff sleeps. The manager
+    /// starts a new attempt when a call meets a broken connection.
+    fn manager_config(&self) -> ConnectionManagerConfig {
+        ConnectionManagerConfig::new()
+            .set_number_of_retries(0)
+            .set_min_delay(Duration::from_millis(1))
+            .set_max_delay(Duration::from_millis(10))
+            .set_connection_timeout(Some(self.timeout))
+            .set_response_timeout(Some(self.timeout))
+    }
+
+    fn storage(self, keys: KeyCodec, conn: Conn) -> RedisStorage {
         let sha = redis::Script::new(SCRIPT).get_hash().into();
-        Ok(RedisStorage {
+        RedisStorage {
             inner: Arc::new(Inner {
                 conn,
                 keys,
@@ -273,7 +343,7 @@ impl RedisStorageBuilder {
                 sha,
                 eval_only: AtomicBool::new(false),
             }),
-        })
+        }
     }
 }
 
@@ -431,6 +501,15 @@ impl Conn {
         match self {
             Conn::Single(c) => cmd.query_async(c).await,
             Conn::Cluster(c) => cmd.query_async(c).await,
+            Conn::LazyCluster(lazy) => {
+                // A failed first connection leaves the cell empty: the next
+                // call tries again.
+                let conn = lazy
+                    .conn
+                    .get_or_try_init(|| lazy.client.get_async_connection())
+                    .await?;
+                cmd.query_async(&mut conn.clone()).await
+            }
         }
     }
 }
@@ -585,7 +664,7 @@ impl fmt::Debug for RedisStorage {
                 "mode",
                 &match inner.conn {
                     Conn::Single(_) => "single",
-                    Conn::Cluster(_) => "cluster",
+                    Conn::Cluster(_) | Conn::LazyCluster(_) => "cluster",
                 },
             )
             .field("prefix", &inner.keys.prefix)
