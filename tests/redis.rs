@@ -14,7 +14,7 @@ use tower::ServiceExt;
 use tower_rate_tier::clock::FakeClock;
 use tower_rate_tier::storage::{MemoryStorage, RedisStorage, Storage, StorageErrorKind, StorageKey};
 use tower_rate_tier::{CheckError, OnStorageError, Quota, RateTier, TierIdentity, TierLimitLayer, tier_cost};
-use tower_rate_tier_tests::redis::{RedisServer, cluster};
+use tower_rate_tier_tests::redis::{RedisServer, cluster, own_cluster};
 
 fn key<'a>(tier: &'a str, user: &'a str) -> StorageKey<'a> {
     StorageKey {
@@ -635,6 +635,67 @@ async fn a_lazy_cluster_storage_connects_with_the_first_decision() {
         Err(CheckError::Storage(_))
     ));
     assert!(started.elapsed() < Duration::from_millis(500));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_cluster_node_fails_its_keys_within_the_timeout_and_others_are_served() {
+    let Some(mut cluster) = own_cluster() else { return };
+    let timeout = Duration::from_millis(250);
+    let storage = RedisStorage::cluster(cluster.urls())
+        .prefix("trt-node-down")
+        .timeout(timeout)
+        .connect()
+        .await
+        .expect("connect to the test cluster");
+    let tiers = tiers(storage.clone());
+    // 30 users, each with one check counted, spread over the three nodes
+    let users: Vec<String> = (0..30).map(|i| format!("user-{i}")).collect();
+    for user in &users {
+        assert_eq!(tiers.check(user, "one", 1).await.unwrap().unwrap().remaining, 36);
+    }
+    // which node holds each user's key
+    let owner = |user: &str| {
+        let key = storage.key_for(key("one", user), 0);
+        cluster
+            .nodes()
+            .iter()
+            .position(|n| n.cli(&["EXISTS", &key]).trim() == "1")
+            .expect("the key is on some node")
+    };
+    let owners: Vec<usize> = users.iter().map(|u| owner(u)).collect();
+    assert!(
+        owners.iter().any(|&o| o != 2) && owners.contains(&2),
+        "{owners:?}"
+    );
+    cluster.nodes_mut()[2].kill();
+    let killed = Instant::now();
+    // within the cluster's node timeout (5 s) the other nodes still serve
+    // their slots: their users are counted on; the dead node's users fail
+    // fast, every call within the timeout (no hang, no panic)
+    for round in 0..2 {
+        for (user, &node) in users.iter().zip(&owners) {
+            let started = Instant::now();
+            let result = tiers.check(user, "one", 1).await;
+            let took = started.elapsed();
+            assert!(took < timeout + Duration::from_millis(250), "{user}: {took:?}");
+            if node == 2 {
+                assert!(
+                    matches!(result, Err(CheckError::Storage(_))),
+                    "{user}: {result:?}"
+                );
+            } else {
+                let info = result.unwrap().unwrap();
+                assert_eq!(info.remaining, 35 - round, "{user}");
+            }
+        }
+    }
+    // (all of it well inside the node timeout, after which a cluster without
+    // replicas refuses every key)
+    assert!(
+        killed.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        killed.elapsed()
+    );
 }
 
 // ------------------------------------------------------- under the layer

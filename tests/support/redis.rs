@@ -314,6 +314,11 @@ impl RedisCluster {
         &self.nodes
     }
 
+    /// The nodes, to kill one.
+    pub fn nodes_mut(&mut self) -> &mut [RedisServer] {
+        &mut self.nodes
+    }
+
     /// `redis-cli -c` against the first node (follows redirections).
     pub fn cli(&self, args: &[&str]) -> String {
         cli(self.nodes[0].port, true, args)
@@ -333,6 +338,12 @@ pub fn cluster() -> Option<&'static RedisCluster> {
         return None;
     }
     CLUSTER.get_or_init(|| Some(start_cluster())).as_ref()
+}
+
+/// A cluster of the caller's own (for tests that kill nodes); `None` when
+/// Redis is not installed outside CI (after a loud message).
+pub fn own_cluster() -> Option<RedisCluster> {
+    redis_available().then(start_cluster)
 }
 
 fn start_cluster() -> RedisCluster {
