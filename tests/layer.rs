@@ -912,6 +912,21 @@ async fn over_a_real_socket_with_a_real_client() {
     server.abort();
 }
 
+/// A route of cost 5 behind a cache-like layer that answers requests with
+/// `x-cached` itself (so the declaration does not run for them).
+fn maybe_cached_route() -> axum::routing::MethodRouter {
+    get(|| async { "computed" })
+        .layer(tier_cost(5))
+        .layer(axum::middleware::from_fn(
+            |req: Request<Body>, next: axum::middleware::Next| async move {
+                if req.headers().contains_key("x-cached") {
+                    return http::Response::new(Body::from("cached"));
+                }
+                next.run(req).await
+            },
+        ))
+}
+
 #[tokio::test]
 async fn a_declaration_behind_a_conditional_layer_is_still_charged_exactly() {
     // A cache-like layer answers some requests before the route's cost layer
@@ -920,19 +935,7 @@ async fn a_declaration_behind_a_conditional_layer_is_still_charged_exactly() {
     let clock = FakeClock::new();
     let app = Router::new()
         .route("/plain", get(|| async { "ok" }))
-        .route(
-            "/maybe",
-            get(|| async { "computed" })
-                .layer(tier_cost(5))
-                .layer(axum::middleware::from_fn(
-                    |req: Request<Body>, next: axum::middleware::Next| async move {
-                        if req.headers().contains_key("x-cached") {
-                            return http::Response::new(Body::from("cached"));
-                        }
-                        next.run(req).await
-                    },
-                )),
-        )
+        .route("/maybe", maybe_cached_route())
         .layer(layer(&clock));
     let cached = |user: &str| {
         let mut r = req("GET", "/maybe", Some(user), None);
@@ -964,19 +967,7 @@ async fn requests_that_skip_a_conditional_declaration_keep_costing_one() {
     // requests that skip it.
     let clock = FakeClock::new();
     let app = Router::new()
-        .route(
-            "/maybe",
-            get(|| async { "computed" })
-                .layer(tier_cost(5))
-                .layer(axum::middleware::from_fn(
-                    |req: Request<Body>, next: axum::middleware::Next| async move {
-                        if req.headers().contains_key("x-cached") {
-                            return http::Response::new(Body::from("cached"));
-                        }
-                        next.run(req).await
-                    },
-                )),
-        )
+        .route("/maybe", maybe_cached_route())
         .layer(layer(&clock));
     let maybe = |cached: bool| {
         let mut r = req("GET", "/maybe", Some("ada"), None);

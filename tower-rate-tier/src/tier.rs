@@ -629,32 +629,14 @@ fn single_outcome(
     d: BandDecision,
     now: Nanos,
 ) -> Result<RateLimitInfo, RateLimited> {
-    let limit = entry.bands[0].burst();
-    let state = d.state;
-    let reset_after = Duration::from_nanos(state.reset_after_ns);
     let mut bands = BandStates::new();
-    bands.push(state);
+    bands.push(d.state);
     let detail = Detail {
         tier: entry,
         now,
         bands,
     };
-    if d.allowed {
-        Ok(RateLimitInfo {
-            limit,
-            remaining: state.remaining,
-            reset_after,
-            detail,
-        })
-    } else {
-        Err(RateLimited {
-            limit,
-            remaining: state.remaining,
-            retry_after: Duration::from_nanos(state.retry_after_ns),
-            reset_after,
-            detail,
-        })
-    }
+    reported(d.allowed, entry.bands[0].burst(), d.state, detail)
 }
 
 /// Turns a storage decision into the public outcome, reporting the band
@@ -676,8 +658,20 @@ fn outcome(entry: &'static TierEntry, d: Decision) -> Result<RateLimitInfo, Rate
         now: d.now,
         bands: d.bands,
     };
+    reported(d.allowed, limit, state, detail)
+}
+
+/// The public outcome of a decision, with `state` (of a band whose burst is
+/// `limit`) as the reported band.
+#[inline]
+fn reported(
+    allowed: bool,
+    limit: u32,
+    state: BandState,
+    detail: Detail,
+) -> Result<RateLimitInfo, RateLimited> {
     let reset_after = Duration::from_nanos(state.reset_after_ns);
-    if d.allowed {
+    if allowed {
         Ok(RateLimitInfo {
             limit,
             remaining: state.remaining,
