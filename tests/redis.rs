@@ -3,7 +3,7 @@
 //! fail in CI).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -695,6 +695,180 @@ async fn a_dead_cluster_node_fails_its_keys_within_the_timeout_and_others_are_se
         killed.elapsed() < Duration::from_secs(4),
         "{:?}",
         killed.elapsed()
+    );
+}
+
+/// A TCP proxy to `target`: while `open` is false it accepts connections and
+/// never answers (a hung link); once open it forwards, `delay` per chunk each
+/// way. Returns its `redis://` URL.
+async fn hanging_then_slow_proxy(target: String, open: Arc<AtomicBool>, delay: Duration) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    async fn pump(
+        mut from: tokio::net::tcp::OwnedReadHalf,
+        mut to: tokio::net::tcp::OwnedWriteHalf,
+        delay: Duration,
+    ) {
+        let mut buf = vec![0u8; 65536];
+        loop {
+            let n = match from.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            tokio::time::sleep(delay).await;
+            if to.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let target = target.clone();
+            let open = open.load(Ordering::SeqCst);
+            tokio::spawn(async move {
+                if !open {
+                    tokio::time::sleep(Duration::from_secs(20)).await;
+                    return drop(client);
+                }
+                let Ok(server) = tokio::net::TcpStream::connect(&target).await else {
+                    return;
+                };
+                let ((cr, cw), (sr, sw)) = (client.into_split(), server.into_split());
+                tokio::join!(pump(cr, sw, delay), pump(sr, cw, delay));
+            });
+        }
+    });
+    format!("redis://{addr}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lazy_cluster_connects_under_steady_traffic_after_a_hang_at_start() {
+    // The cluster's seed is behind a link that hangs for 600 ms, then
+    // forwards with 3 ms of delay each way; checks arrive one per ms with the
+    // default 250 ms timeout. A connection attempt must not be cut short by
+    // the check that started it timing out (every later attempt would then
+    // get only the gap between two checks).
+    let Some(cluster) = cluster() else { return };
+    let seed = cluster.urls()[0].trim_start_matches("redis://").to_owned();
+    let open = Arc::new(AtomicBool::new(false));
+    let url = hanging_then_slow_proxy(seed, open.clone(), Duration::from_millis(3)).await;
+    let tiers = tiers(
+        RedisStorage::cluster([url])
+            .prefix("trt-lazy-hang")
+            .connect_lazy()
+            .expect("a lazy cluster storage"),
+    );
+    let started = Instant::now();
+    let mut opened = None;
+    let first_ok: Arc<std::sync::Mutex<Option<Instant>>> = Arc::default();
+    let mut ticker = tokio::time::interval(Duration::from_millis(1));
+    let mut checks = Vec::new();
+    let mut i = 0u32;
+    while started.elapsed() < Duration::from_millis(2_600) {
+        if opened.is_none() && started.elapsed() > Duration::from_millis(600) {
+            open.store(true, Ordering::SeqCst);
+            opened = Some(Instant::now());
+        }
+        i += 1;
+        let (tiers, first_ok) = (tiers.clone(), first_ok.clone());
+        checks.push(tokio::spawn(async move {
+            if let Ok(Ok(_)) = tiers.check(&format!("hang-{}", i % 50), "one", 1).await {
+                first_ok.lock().unwrap().get_or_insert_with(Instant::now);
+            }
+        }));
+        ticker.tick().await;
+    }
+    for check in checks {
+        check.await.unwrap();
+    }
+    let opened = opened.expect("the link was opened");
+    let first = first_ok
+        .lock()
+        .unwrap()
+        .map(|at| at.saturating_duration_since(opened));
+    // the attempt that started during the hang gives up after its own
+    // timeout (1 s); the next one connects through the slow link
+    assert!(
+        first.is_some_and(|d| d < Duration::from_millis(1_500)),
+        "first success {first:?} after the link opened"
+    );
+}
+
+/// A storage built in one runtime, used there, then used from another
+/// runtime after the first has ended (a `static` storage shared by
+/// `#[tokio::test]`s, say): at most one failed decision, then counted again.
+fn outlives_its_first_runtime(make: impl std::future::Future<Output = RedisStorage>, user: &str) {
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let first = runtime();
+    let storage = first.block_on(make);
+    let tiers = tiers(storage);
+    let remaining = |r: tower_rate_tier::CheckResult| r.ok().and_then(Result::ok).map(|i| i.remaining);
+    assert_eq!(remaining(first.block_on(tiers.check(user, "one", 1))), Some(36));
+    drop(first);
+    let second = runtime();
+    let results: Vec<Option<u32>> = (0..4)
+        .map(|_| remaining(second.block_on(tiers.check(user, "one", 1))))
+        .collect();
+    let counted: Vec<u32> = results.iter().flatten().copied().collect();
+    assert!(counted.len() >= 3, "{results:?}");
+    assert_eq!(
+        counted,
+        (36 - counted.len() as u32..36).rev().collect::<Vec<_>>(),
+        "{results:?}"
+    );
+}
+
+#[test]
+fn a_storage_outlives_the_runtime_of_its_first_decisions() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let url = server.url();
+    outlives_its_first_runtime(
+        async {
+            RedisStorage::builder(url.clone())
+                .prefix("rt-a")
+                .connect_lazy()
+                .unwrap()
+        },
+        "a",
+    );
+    outlives_its_first_runtime(
+        async {
+            RedisStorage::builder(url.clone())
+                .prefix("rt-b")
+                .connect()
+                .await
+                .unwrap()
+        },
+        "b",
+    );
+    let Some(cluster) = cluster() else { return };
+    let urls = cluster.urls();
+    outlives_its_first_runtime(
+        async {
+            RedisStorage::cluster(urls.clone())
+                .prefix("rt-c")
+                .connect_lazy()
+                .unwrap()
+        },
+        "c",
+    );
+    outlives_its_first_runtime(
+        async {
+            RedisStorage::cluster(urls.clone())
+                .prefix("rt-d")
+                .connect()
+                .await
+                .unwrap()
+        },
+        "d",
     );
 }
 

@@ -44,9 +44,13 @@
 //! [`StorageErrorKind::Unavailable`], fast, without waiting for a reconnect
 //! backoff; the `RateTier` reports either as `CheckError::Storage` and the
 //! layer applies its `OnStorageError` policy. **A script that timed out on
-//! our side may still have run on the server and counted the request.** The
-//! connection is re-established in the background; checks succeed again as
-//! soon as Redis answers. A malformed stored value is treated as a fresh
+//! our side may still have run on the server and counted the request.** A
+//! failed call starts a reconnect in the background, so once Redis is back
+//! the first decision may still fail and the following ones succeed (under
+//! steady traffic that is within milliseconds). A cluster connection is
+//! made by a task of its own (a slow connect is never cut short by a
+//! caller's timeout) and is made again when the runtime that ran it has
+//! ended. A malformed stored value is treated as a fresh
 //! state, never a panic or a permanent deny. On a Cluster, the driver retries
 //! a call once after a redirection (`MOVED`/`ASK`) or a connection error; a
 //! retry after a connection error can, like a timeout, count a request that
@@ -116,14 +120,107 @@ struct KeyCodec {
 #[derive(Clone)]
 enum Conn {
     Single(ConnectionManager),
-    Cluster(ClusterConnection),
-    /// A cluster connection made by the first call that needs it.
-    LazyCluster(Arc<LazyCluster>),
+    Cluster(Arc<ClusterLink>),
 }
 
-struct LazyCluster {
+/// A Redis Cluster connection, made (and made again) by a task of its own:
+/// an attempt is never cut short by the call that started it timing out, and
+/// a connection whose driver task is gone (its runtime ended) is replaced by
+/// the next call.
+struct ClusterLink {
     client: ClusterClient,
-    conn: tokio::sync::OnceCell<ClusterConnection>,
+    /// How long one attempt may take.
+    connect_timeout: Duration,
+    slot: std::sync::Mutex<Slot>,
+}
+
+enum Slot {
+    /// Not connected; the last attempt's error, if any.
+    Idle(Option<RedisError>),
+    /// An attempt runs; the flag turns true when it has ended.
+    Connecting(tokio::sync::watch::Receiver<bool>),
+    Ready(ClusterConnection),
+}
+
+impl ClusterLink {
+    fn new(client: ClusterClient, connect_timeout: Duration) -> Self {
+        ClusterLink {
+            client,
+            connect_timeout,
+            slot: std::sync::Mutex::new(Slot::Idle(None)),
+        }
+    }
+
+    fn slot(&self) -> std::sync::MutexGuard<'_, Slot> {
+        self.slot
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The connection, waiting for an attempt (started now if none runs).
+    async fn connection(self: &Arc<Self>) -> Result<ClusterConnection, RedisError> {
+        let mut ended = {
+            let mut slot = self.slot();
+            match &*slot {
+                Slot::Ready(conn) => return Ok(conn.clone()),
+                // An attempt whose task is gone (its runtime ended) counts
+                // as none.
+                Slot::Connecting(ended) if ended.has_changed().is_ok() => ended.clone(),
+                Slot::Connecting(_) | Slot::Idle(_) => {
+                    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+                        return Err(RedisError::from((
+                            ErrorKind::Client,
+                            "the Redis storage is used outside a tokio runtime",
+                        )));
+                    };
+                    let (done, ended) = tokio::sync::watch::channel(false);
+                    *slot = Slot::Connecting(ended.clone());
+                    runtime.spawn(Self::attempt(Arc::downgrade(self), done));
+                    ended
+                }
+            }
+        };
+        let _ = ended.wait_for(|ended| *ended).await;
+        match &*self.slot() {
+            Slot::Ready(conn) => Ok(conn.clone()),
+            Slot::Idle(Some(error)) => Err(error.clone()),
+            Slot::Idle(None) | Slot::Connecting(_) => Err(RedisError::from((
+                ErrorKind::Io,
+                "could not connect to the Redis Cluster",
+            ))),
+        }
+    }
+
+    async fn attempt(link: std::sync::Weak<Self>, done: tokio::sync::watch::Sender<bool>) {
+        let Some((client, timeout)) = link.upgrade().map(|l| (l.client.clone(), l.connect_timeout)) else {
+            return;
+        };
+        let result = match tokio::time::timeout(timeout, client.get_async_connection()).await {
+            Ok(result) => result,
+            Err(_) => Err(RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "connecting to the Redis Cluster timed out",
+            ))),
+        };
+        if let Some(link) = link.upgrade() {
+            *link.slot() = match result {
+                Ok(conn) => Slot::Ready(conn),
+                Err(error) => Slot::Idle(Some(error)),
+            };
+        }
+        let _ = done.send(true);
+    }
+
+    /// Drops the connection after `error` if it says the connection's driver
+    /// task is gone, so that the next call connects again.
+    fn check(&self, error: &RedisError) {
+        if error.is_io_error() && error.to_string().contains("redis_cluster: Unable to") {
+            let mut slot = self.slot();
+            if matches!(*slot, Slot::Ready(_)) {
+                *slot = Slot::Idle(None);
+            }
+        }
+    }
 }
 
 /// Configures a [`RedisStorage`]; see [`RedisStorage::builder`] and
@@ -195,7 +292,8 @@ impl RedisStorageBuilder {
 
     /// The first part of every key (default `trt`). Storages with different
     /// prefixes never share state. It must not contain `{` or `}` (the hash
-    /// tag is the storage's own); [`connect`](Self::connect) refuses it.
+    /// tag is the storage's own); [`connect`](Self::connect) and
+    /// [`connect_lazy`](Self::connect_lazy) refuse it.
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
         self
@@ -237,12 +335,12 @@ impl RedisStorageBuilder {
         let keys = KeyCodec::new(self.prefix.clone(), self.secret.as_deref())?;
         let connect_timeout = self.timeout.max(Duration::from_secs(1));
         let conn = if self.cluster {
-            let client = self.cluster_client()?;
-            let conn = tokio::time::timeout(connect_timeout, client.get_async_connection())
+            let link = Arc::new(ClusterLink::new(self.cluster_client()?, connect_timeout));
+            tokio::time::timeout(connect_timeout, link.connection())
                 .await
                 .map_err(|_| timeout_error(connect_timeout))?
                 .map_err(|e| error_from(&e))?;
-            Conn::Cluster(conn)
+            Conn::Cluster(link)
         } else {
             let client = self.single_client()?;
             let conn = tokio::time::timeout(
@@ -262,7 +360,11 @@ impl RedisStorageBuilder {
     /// answers, every decision fails like one on a lost connection
     /// ([`StorageErrorKind::Unavailable`] or [`StorageErrorKind::Timeout`],
     /// within the timeout), which the layer answers by its
-    /// `OnStorageError` policy; later decisions connect again.
+    /// `OnStorageError` policy; later decisions connect again. A connection
+    /// refused for a reason other than the network (a wrong password, a
+    /// database that cannot be selected) is a configuration error that a
+    /// single-server storage keeps reporting: build it again with the right
+    /// URL.
     ///
     /// Fails at once when a URL, the prefix or the secret is invalid, or
     /// when called outside a tokio runtime (the connection's background task
@@ -289,10 +391,11 @@ impl RedisStorageBuilder {
         }
         let keys = KeyCodec::new(self.prefix.clone(), self.secret.as_deref())?;
         let conn = if self.cluster {
-            Conn::LazyCluster(Arc::new(LazyCluster {
-                client: self.cluster_client()?,
-                conn: tokio::sync::OnceCell::new(),
-            }))
+            let connect_timeout = self.timeout.max(Duration::from_secs(1));
+            Conn::Cluster(Arc::new(ClusterLink::new(
+                self.cluster_client()?,
+                connect_timeout,
+            )))
         } else {
             let client = self.single_client()?;
             let conn = ConnectionManager::new_lazy_with_config(client, self.manager_config())
@@ -500,15 +603,12 @@ impl Conn {
     async fn query(&mut self, cmd: &Cmd) -> Result<Value, RedisError> {
         match self {
             Conn::Single(c) => cmd.query_async(c).await,
-            Conn::Cluster(c) => cmd.query_async(c).await,
-            Conn::LazyCluster(lazy) => {
-                // A failed first connection leaves the cell empty: the next
-                // call tries again.
-                let conn = lazy
-                    .conn
-                    .get_or_try_init(|| lazy.client.get_async_connection())
-                    .await?;
-                cmd.query_async(&mut conn.clone()).await
+            Conn::Cluster(link) => {
+                let reply = cmd.query_async(&mut link.connection().await?).await;
+                if let Err(error) = &reply {
+                    link.check(error);
+                }
+                reply
             }
         }
     }
@@ -664,7 +764,7 @@ impl fmt::Debug for RedisStorage {
                 "mode",
                 &match inner.conn {
                     Conn::Single(_) => "single",
-                    Conn::Cluster(_) | Conn::LazyCluster(_) => "cluster",
+                    Conn::Cluster(_) => "cluster",
                 },
             )
             .field("prefix", &inner.keys.prefix)
