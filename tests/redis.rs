@@ -525,6 +525,39 @@ async fn restart_on_the_same_port_recovers_within_two_seconds() {
     assert!(ok > 0, "no check passed after the restart (max latency {max:?})");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_decision_after_an_outage_is_served() {
+    // Sparse traffic: one decision during the outage, the next one a second
+    // after Redis is back. That one must not fail on the refusal left over
+    // from the reconnect attempt the outage started.
+    let Some(mut server) = RedisServer::start() else {
+        return;
+    };
+    let lazy = tiers(RedisStorage::builder(server.url()).connect_lazy().unwrap());
+    let eager = tiers(storage(&server.url()).await);
+    assert!(matches!(eager.check("e", "one", 1).await, Ok(Ok(_))));
+    let mut server = tokio::task::spawn_blocking(move || {
+        server.kill();
+        server
+    })
+    .await
+    .unwrap();
+    assert!(lazy.check("l", "one", 1).await.is_err());
+    assert!(eager.check("e", "one", 1).await.is_err());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let server = tokio::task::spawn_blocking(move || {
+        server.restart();
+        server
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // the restarted server is empty: fresh buckets
+    assert_eq!(lazy.check("l", "one", 1).await.unwrap().unwrap().remaining, 36);
+    assert_eq!(eager.check("e", "one", 1).await.unwrap().unwrap().remaining, 36);
+    drop(server);
+}
+
 #[tokio::test]
 async fn connecting_to_a_closed_port_fails_fast() {
     let Some(server) = RedisServer::start() else {

@@ -45,9 +45,10 @@
 //! backoff; the `RateTier` reports either as `CheckError::Storage` and the
 //! layer applies its `OnStorageError` policy. **A script that timed out on
 //! our side may still have run on the server and counted the request.** A
-//! failed call starts a reconnect in the background, so once Redis is back
-//! the first decision may still fail and the following ones succeed (under
-//! steady traffic that is within milliseconds). A cluster connection is
+//! failed call starts a reconnect in the background; a decision that meets
+//! the refusal such an attempt left behind (the command was not sent) tries
+//! once more, so the first decision after Redis is back is served. A
+//! cluster connection is
 //! made by a task of its own (a slow connect is never cut short by a
 //! caller's timeout) and is made again when the runtime that ran it has
 //! ended. A malformed stored value is treated as a fresh
@@ -501,8 +502,7 @@ impl KeyCodec {
 }
 
 impl Inner {
-    /// Runs the script once (EVALSHA, or EVAL when needed) within the
-    /// timeout.
+    /// Runs the script once within the timeout.
     async fn run(
         &self,
         key: StorageKey<'_>,
@@ -512,27 +512,37 @@ impl Inner {
     ) -> Result<Vec<i64>, StorageError> {
         let args = self.script_args(key, bands, refund, cost);
         let call = async {
-            let mut conn = self.conn.clone();
-            if !self.eval_only.load(Ordering::Relaxed) {
-                let reply = conn.query(&self.command(&args, true)).await;
-                match reply {
-                    Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {}
-                    Err(e) if refuses_evalsha(&e) => {
-                        tracing::warn!(
-                            "Redis refuses EVALSHA; sending the rate-limit script with every call"
-                        );
-                        self.eval_only.store(true, Ordering::Relaxed);
-                    }
-                    other => return other,
-                }
+            match self.call(&args).await {
+                // A refused connection means the command was not sent: it
+                // may be the refusal that an earlier reconnect attempt left
+                // behind (during an outage that has ended since), so one
+                // more try reconnects now rather than failing this decision.
+                Err(e) if e.is_connection_refusal() => self.call(&args).await,
+                other => other,
             }
-            conn.query(&self.command(&args, false)).await
         };
         match tokio::time::timeout(self.timeout, call).await {
             Err(_) => Err(timeout_error(self.timeout)),
             Ok(Err(e)) => Err(error_from(&e)),
             Ok(Ok(value)) => parse_ints(value),
         }
+    }
+
+    /// One script call (EVALSHA, or EVAL when needed).
+    async fn call(&self, args: &Args) -> Result<Value, RedisError> {
+        let mut conn = self.conn.clone();
+        if !self.eval_only.load(Ordering::Relaxed) {
+            let reply = conn.query(&self.command(args, true)).await;
+            match reply {
+                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {}
+                Err(e) if refuses_evalsha(&e) => {
+                    tracing::warn!("Redis refuses EVALSHA; sending the rate-limit script with every call");
+                    self.eval_only.store(true, Ordering::Relaxed);
+                }
+                other => return other,
+            }
+        }
+        conn.query(&self.command(args, false)).await
     }
 
     /// Keys and arguments after `EVAL[SHA] script|sha numkeys`.
