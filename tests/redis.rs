@@ -828,6 +828,51 @@ async fn a_lazy_cluster_connects_under_steady_traffic_after_a_hang_at_start() {
     );
 }
 
+#[test]
+fn an_attempt_stranded_on_an_idle_runtime_does_not_block_the_cluster_link() {
+    // The first decision runs on a runtime that is then kept but no longer
+    // driven, and leaves a connect attempt there (the seed hangs). Decisions
+    // on a driven runtime must not wait on that attempt forever.
+    let Some(cluster) = cluster() else { return };
+    let serving = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let seed = cluster.urls()[0].trim_start_matches("redis://").to_owned();
+    let open = Arc::new(AtomicBool::new(false));
+    let url = serving.block_on(hanging_then_slow_proxy(seed, open.clone(), Duration::ZERO));
+    let first = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let tiers = first.block_on(async {
+        tiers(
+            RedisStorage::cluster([url])
+                .prefix("trt-idle-runtime")
+                .connect_lazy()
+                .unwrap(),
+        )
+    });
+    assert!(first.block_on(tiers.check("idle", "one", 1)).is_err());
+    open.store(true, Ordering::SeqCst);
+    let served = serving.block_on(async {
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(3) {
+            if let Ok(Ok(info)) = tiers.check("idle", "one", 1).await {
+                return Some((started.elapsed(), info.remaining));
+            }
+        }
+        None
+    });
+    // the stranded attempt is given up after its own timeout (1 s)
+    assert!(
+        served.is_some_and(|(after, remaining)| after < Duration::from_millis(2_500) && remaining == 36),
+        "{served:?}"
+    );
+    drop(first);
+}
+
 /// A storage built in one runtime, used there, then used from another
 /// runtime after the first has ended (a `static` storage shared by
 /// `#[tokio::test]`s, say): at most one failed decision, then counted again.

@@ -60,6 +60,12 @@
 //! [`RedisStorageBuilder::connect`] fails while Redis is down;
 //! [`RedisStorageBuilder::connect_lazy`] returns at once and connects with
 //! the first decision, for services that must start during an outage.
+//!
+//! A connection's driver task runs on the tokio runtime that made it. Use a
+//! storage from runtimes that keep running (a server's): a connection made on
+//! a runtime that is kept alive but no longer driven (a `block_on` that has
+//! returned) stops answering, and decisions through it time out. A runtime
+//! that has ended is fine: the next decisions connect again.
 
 use std::fmt;
 use std::sync::Arc;
@@ -133,14 +139,25 @@ struct ClusterLink {
     /// How long one attempt may take.
     connect_timeout: Duration,
     slot: std::sync::Mutex<Slot>,
+    /// Numbers the attempts (and so the connections they make).
+    attempts: std::sync::atomic::AtomicU64,
 }
 
+/// What an attempt ends with: the connection and its number, or the error.
+type Outcome = Option<Result<(u64, ClusterConnection), RedisError>>;
+
 enum Slot {
-    /// Not connected; the last attempt's error, if any.
-    Idle(Option<RedisError>),
-    /// An attempt runs; the flag turns true when it has ended.
-    Connecting(tokio::sync::watch::Receiver<bool>),
-    Ready(ClusterConnection),
+    Idle,
+    /// Attempt `id` runs since `since`; `ended` turns `Some` when it ends.
+    Connecting {
+        id: u64,
+        since: std::time::Instant,
+        ended: tokio::sync::watch::Receiver<Outcome>,
+    },
+    Ready {
+        id: u64,
+        conn: ClusterConnection,
+    },
 }
 
 impl ClusterLink {
@@ -148,7 +165,8 @@ impl ClusterLink {
         ClusterLink {
             client,
             connect_timeout,
-            slot: std::sync::Mutex::new(Slot::Idle(None)),
+            slot: std::sync::Mutex::new(Slot::Idle),
+            attempts: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -158,67 +176,85 @@ impl ClusterLink {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// The connection, waiting for an attempt (started now if none runs).
-    async fn connection(self: &Arc<Self>) -> Result<ClusterConnection, RedisError> {
+    /// The connection and its number, waiting for an attempt (started now
+    /// if none runs).
+    async fn connection(self: &Arc<Self>) -> Result<(u64, ClusterConnection), RedisError> {
         let mut ended = {
             let mut slot = self.slot();
             match &*slot {
-                Slot::Ready(conn) => return Ok(conn.clone()),
-                // An attempt whose task is gone (its runtime ended) counts
-                // as none.
-                Slot::Connecting(ended) if ended.has_changed().is_ok() => ended.clone(),
-                Slot::Connecting(_) | Slot::Idle(_) => {
+                Slot::Ready { id, conn } => return Ok((*id, conn.clone())),
+                // An attempt whose task is gone (its runtime ended), or that
+                // overran its own timeout (its runtime is no longer driven),
+                // counts as none.
+                Slot::Connecting { since, ended, .. }
+                    if ended.has_changed().is_ok()
+                        && since.elapsed() <= self.connect_timeout + Duration::from_millis(250) =>
+                {
+                    ended.clone()
+                }
+                Slot::Connecting { .. } | Slot::Idle => {
                     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
                         return Err(RedisError::from((
                             ErrorKind::Client,
                             "the Redis storage is used outside a tokio runtime",
                         )));
                     };
-                    let (done, ended) = tokio::sync::watch::channel(false);
-                    *slot = Slot::Connecting(ended.clone());
-                    runtime.spawn(Self::attempt(Arc::downgrade(self), done));
+                    let id = self.attempts.fetch_add(1, Ordering::Relaxed);
+                    let (done, ended) = tokio::sync::watch::channel(None);
+                    *slot = Slot::Connecting {
+                        id,
+                        since: std::time::Instant::now(),
+                        ended: ended.clone(),
+                    };
+                    runtime.spawn(Self::attempt(Arc::downgrade(self), id, done));
                     ended
                 }
             }
         };
-        let _ = ended.wait_for(|ended| *ended).await;
-        match &*self.slot() {
-            Slot::Ready(conn) => Ok(conn.clone()),
-            Slot::Idle(Some(error)) => Err(error.clone()),
-            Slot::Idle(None) | Slot::Connecting(_) => Err(RedisError::from((
+        let outcome = ended.wait_for(Option::is_some).await.ok().and_then(|o| o.clone());
+        outcome.unwrap_or_else(|| {
+            Err(RedisError::from((
                 ErrorKind::Io,
                 "could not connect to the Redis Cluster",
-            ))),
-        }
+            )))
+        })
     }
 
-    async fn attempt(link: std::sync::Weak<Self>, done: tokio::sync::watch::Sender<bool>) {
+    async fn attempt(link: std::sync::Weak<Self>, id: u64, done: tokio::sync::watch::Sender<Outcome>) {
         let Some((client, timeout)) = link.upgrade().map(|l| (l.client.clone(), l.connect_timeout)) else {
             return;
         };
-        let result = match tokio::time::timeout(timeout, client.get_async_connection()).await {
-            Ok(result) => result,
+        let outcome = match tokio::time::timeout(timeout, client.get_async_connection()).await {
+            Ok(Ok(conn)) => Ok((id, conn)),
+            Ok(Err(error)) => Err(error),
             Err(_) => Err(RedisError::from(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
                 "connecting to the Redis Cluster timed out",
             ))),
         };
         if let Some(link) = link.upgrade() {
-            *link.slot() = match result {
-                Ok(conn) => Slot::Ready(conn),
-                Err(error) => Slot::Idle(Some(error)),
-            };
+            let mut slot = link.slot();
+            // Only while this attempt is still the current one.
+            if matches!(*slot, Slot::Connecting { id: current, .. } if current == id) {
+                *slot = match &outcome {
+                    Ok((_, conn)) => Slot::Ready {
+                        id,
+                        conn: conn.clone(),
+                    },
+                    Err(_) => Slot::Idle,
+                };
+            }
         }
-        let _ = done.send(true);
+        let _ = done.send(Some(outcome));
     }
 
-    /// Drops the connection after `error` if it says the connection's driver
+    /// Drops connection `id` after `error` if it says the connection's driver
     /// task is gone, so that the next call connects again.
-    fn check(&self, error: &RedisError) {
+    fn check(&self, id: u64, error: &RedisError) {
         if error.is_io_error() && error.to_string().contains("redis_cluster: Unable to") {
             let mut slot = self.slot();
-            if matches!(*slot, Slot::Ready(_)) {
-                *slot = Slot::Idle(None);
+            if matches!(*slot, Slot::Ready { id: current, .. } if current == id) {
+                *slot = Slot::Idle;
             }
         }
     }
@@ -614,9 +650,10 @@ impl Conn {
         match self {
             Conn::Single(c) => cmd.query_async(c).await,
             Conn::Cluster(link) => {
-                let reply = cmd.query_async(&mut link.connection().await?).await;
+                let (id, mut conn) = link.connection().await?;
+                let reply = cmd.query_async(&mut conn).await;
                 if let Err(error) = &reply {
-                    link.check(error);
+                    link.check(id, error);
                 }
                 reply
             }
