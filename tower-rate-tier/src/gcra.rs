@@ -91,11 +91,12 @@ fn div(n: u128, d: u128) -> u128 {
 /// ```
 #[inline]
 pub fn decide(tat: Option<Nanos>, now: Nanos, quota: &Quota, cost: u32) -> BandDecision {
-    match quota.is_unlimited() {
-        false => decide_u64(tat, now, quota, cost),
-        true => None,
+    if !quota.is_unlimited() {
+        if let Some(decision) = decide_u64(tat, now, quota, cost) {
+            return decision;
+        }
     }
-    .unwrap_or_else(|| decide_wide(tat, now, quota, cost))
+    decide_wide(tat, now, quota, cost)
 }
 
 /// [`decide`] for unlimited bands and in `u128` arithmetic.

@@ -191,9 +191,19 @@ pub(crate) struct Bill {
     tier: TierId,
     cost: u32,
     source: Source,
-    learned: bool,
-    /// The learned cost is provisional: keep learning the route.
-    provisional: bool,
+    priced: Priced,
+}
+
+/// Where the limiter's price of a request comes from.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Priced {
+    /// Not from what it learned of the route.
+    Fresh,
+    /// From the route's learned cost.
+    Learned,
+    /// From a cost learned from a refused request, whose later declarations
+    /// may not have run: the route is learned again.
+    Provisional,
 }
 
 impl Shared {
@@ -283,14 +293,13 @@ impl Shared {
             },
             None => self.unidentified(head)?,
         };
-        let (cost, source, learned, provisional) = self.edge_cost(head);
+        let (cost, source, priced) = self.edge_cost(head);
         Ok(Bill {
             user,
             tier,
             cost,
             source,
-            learned,
-            provisional,
+            priced,
         })
     }
 
@@ -301,9 +310,9 @@ impl Shared {
             tier,
             cost,
             source,
-            learned,
-            provisional,
+            priced,
         } = bill;
+        let learned = priced != Priced::Fresh;
         let declares_nothing = learned && source == Source::Default;
         match result {
             Ok(Ok(info)) => {
@@ -311,7 +320,7 @@ impl Shared {
                 // declaration that still runs there is settled, not learned
                 // (so a declaration behind a condition never re-prices the
                 // requests that skip it).
-                let route = if learned && !provisional {
+                let route = if priced == Priced::Learned {
                     None
                 } else {
                     self.route_key(head)
@@ -374,23 +383,28 @@ impl Shared {
 
     /// The cost known before the route runs, who set it, and whether it
     /// was learned from earlier requests to the route.
-    fn edge_cost(&self, head: &impl Head) -> (u32, Source, bool, bool) {
+    fn edge_cost(&self, head: &impl Head) -> (u32, Source, Priced) {
         // `call` reads the head in place only without a cost function.
         debug_assert!(self.cost_fn.is_none() || head.parts().is_some());
         let extensions = head.extensions();
         if let Some(TierCost(cost)) = extensions.get::<TierCost>() {
-            return (*cost, Source::Edge, false, false);
+            return (*cost, Source::Edge, Priced::Fresh);
         }
         if let Some(cost) = self.cost_fn.as_ref().and_then(|f| f(head.parts()?)) {
-            return (cost, Source::Edge, false, false);
+            return (cost, Source::Edge, Priced::Fresh);
         }
         #[cfg(feature = "axum")]
         if let Some(path) = extensions.get::<axum::extract::MatchedPath>() {
             if let Some((cost, source, provisional)) = self.learned.get(head.method(), path) {
-                return (cost, source, true, provisional);
+                let priced = if provisional {
+                    Priced::Provisional
+                } else {
+                    Priced::Learned
+                };
+                return (cost, source, priced);
             }
         }
-        (1, Source::Default, false, false)
+        (1, Source::Default, Priced::Fresh)
     }
 
     #[cfg(feature = "axum")]

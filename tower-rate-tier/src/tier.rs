@@ -378,7 +378,8 @@ pub struct RateTier {
 
 struct TierConfig {
     tiers: Box<[&'static TierEntry]>,
-    /// The storage's handles on each tier's keys (same order as `tiers`).
+    /// The storage's handles on each tier's keys (same order as `tiers`),
+    /// for the tiers without a direct handle.
     prepared: Box<[Option<PreparedScope>]>,
     /// Direct handles on a [`MemoryStorage`]'s single-band tiers (same order
     /// as `tiers`): the hot path of the default storage, without a dynamic
@@ -563,6 +564,10 @@ impl RateTier {
     pub(crate) fn refund_now(&self, user: &str, id: TierId, cost: u32) -> Option<Result<(), CheckError>> {
         let entry = self.inner.tiers[id.0];
         if entry.unlimited || cost == 0 {
+            return Some(Ok(()));
+        }
+        if let Some(direct) = &self.inner.direct[id.0] {
+            direct.refund(user, &entry.bands[0], cost);
             return Some(Ok(()));
         }
         let key = self.key(user, entry);
@@ -858,15 +863,20 @@ impl RateTierBuilder {
             _ => storage.use_clock(clock.clone()),
         }
         let namespace: Box<str> = self.namespace.into();
-        let prepared = tiers
-            .iter()
-            .map(|t| storage.prepare(&namespace, &t.name))
-            .collect();
-        let direct = tiers
+        let direct: Box<[Option<Direct>]> = tiers
             .iter()
             .map(|t| {
                 let memory = memory.as_ref().filter(|_| t.bands.len() == 1 && !t.unlimited)?;
                 Some(Direct::new(memory, &namespace, &t.name))
+            })
+            .collect();
+        // The storage's own handles, for the tiers not checked directly.
+        let prepared = tiers
+            .iter()
+            .zip(&direct)
+            .map(|(t, direct)| match direct {
+                Some(_) => None,
+                None => storage.prepare(&namespace, &t.name),
             })
             .collect();
         Ok(RateTier {

@@ -178,10 +178,6 @@ impl MemoryStorage {
         self.inner.sweep()
     }
 
-    fn ensure_gc(&self) {
-        ensure_gc(&self.inner);
-    }
-
     /// [`Storage::use_clock`] with the [`SystemClock`]: decides with it
     /// unless the storage already has a clock.
     pub(crate) fn use_system_clock(&self) {
@@ -197,7 +193,7 @@ impl MemoryStorage {
         bands: &[Quota],
         cost: u32,
     ) -> Result<Decision, StorageError> {
-        self.ensure_gc();
+        ensure_gc(&self.inner);
         let inner = &*self.inner;
         inner.with_scope(scope, key, |scope| {
             if let [quota] = bands {
@@ -219,10 +215,7 @@ impl MemoryStorage {
         // The clock is read under the key's lock, as in a check.
         inner.with_scope(scope, key, |scope| {
             if let [quota] = bands {
-                if let Some(mut tat) = scope.single.get_mut(key.user) {
-                    let now = inner.now();
-                    *tat = gcra::refund(Some(*tat), now, quota, cost).unwrap_or(now);
-                }
+                inner.refund_single(scope, key.user, quota, cost);
             } else if let Some(mut tats) = scope.multi.get_mut(key.user) {
                 let now = inner.now();
                 if tats.len() == bands.len() {
@@ -285,6 +278,11 @@ impl Direct {
     ) -> Result<(gcra::BandDecision, Nanos), StorageError> {
         ensure_gc(&self.inner);
         self.inner.decide_single(&self.scope, user, quota, cost)
+    }
+
+    /// Gives `cost` back to `user` in the tier's one band.
+    pub(crate) fn refund(&self, user: &str, quota: &Quota, cost: u32) {
+        self.inner.refund_single(&self.scope, user, quota, cost);
     }
 }
 
@@ -387,6 +385,15 @@ impl Inner {
             return Ok((d, now));
         }
         self.insert_single(scope, user, quota, cost)
+    }
+
+    /// Gives `cost` back to `user`'s one band, reading the clock under the
+    /// key's lock as a check does.
+    fn refund_single(&self, scope: &Scope, user: &str, quota: &Quota, cost: u32) {
+        if let Some(mut tat) = scope.single.get_mut(user) {
+            let now = self.now();
+            *tat = gcra::refund(Some(*tat), now, quota, cost).unwrap_or(now);
+        }
     }
 
     /// [`Inner::decide_single`] for a user without a stored state.
