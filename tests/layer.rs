@@ -13,9 +13,9 @@ use axum::routing::{get, post};
 use bytes::Bytes;
 use http::{HeaderMap, Request, StatusCode};
 use tower::{Layer, Service, ServiceExt};
-use tower_rate_tier::clock::FakeClock;
+use tower_rate_tier::clock::{Clock, FakeClock};
 use tower_rate_tier::storage::{
-    Decision, MemoryStorage, Storage, StorageError, StorageErrorKind, StorageKey,
+    Decide, MemoryStorage, Op, Storage, StorageError, StorageErrorKind, StorageKey,
 };
 use tower_rate_tier::{
     OnMissing, OnStorageError, OnUnknownTier, Quota, RateLimitEvent, RateTier, TierCost, TierIdentifier,
@@ -65,39 +65,14 @@ struct Counting {
     refunds: Arc<AtomicUsize>,
 }
 
-#[tower_rate_tier::async_trait]
 impl Storage for Counting {
-    async fn check(&self, key: StorageKey<'_>, bands: &[Quota], cost: u32) -> Result<Decision, StorageError> {
-        self.checks.fetch_add(1, Ordering::SeqCst);
-        self.inner.check(key, bands, cost).await
-    }
-    async fn refund(&self, key: StorageKey<'_>, bands: &[Quota], cost: u32) -> Result<(), StorageError> {
-        self.refunds.fetch_add(1, Ordering::SeqCst);
-        self.inner.refund(key, bands, cost).await
-    }
-    fn check_now(
-        &self,
-        key: StorageKey<'_>,
-        bands: &[Quota],
-        cost: u32,
-    ) -> Option<Result<Decision, StorageError>> {
-        self.checks.fetch_add(1, Ordering::SeqCst);
-        self.inner.check_now(key, bands, cost)
-    }
-    fn refund_now(
-        &self,
-        key: StorageKey<'_>,
-        bands: &[Quota],
-        cost: u32,
-    ) -> Option<Result<(), StorageError>> {
-        self.refunds.fetch_add(1, Ordering::SeqCst);
-        self.inner.refund_now(key, bands, cost)
-    }
-    fn decides_now(&self) -> bool {
-        true
-    }
-    fn use_clock(&self, clock: Arc<dyn tower_rate_tier::clock::Clock>) {
-        self.inner.use_clock(clock)
+    fn decide(&self, key: StorageKey<'_>, bands: &[Quota], op: Op, clock: &Arc<dyn Clock>) -> Decide {
+        let counter = match op {
+            Op::Charge(_) => &self.checks,
+            Op::Refund(_) => &self.refunds,
+        };
+        counter.fetch_add(1, Ordering::SeqCst);
+        self.inner.decide(key, bands, op, clock)
     }
 }
 
@@ -105,19 +80,12 @@ impl Storage for Counting {
 #[derive(Debug, Clone)]
 struct Down;
 
-#[tower_rate_tier::async_trait]
 impl Storage for Down {
-    async fn check(&self, _: StorageKey<'_>, _: &[Quota], _: u32) -> Result<Decision, StorageError> {
-        Err(StorageError::new(
+    fn decide(&self, _: StorageKey<'_>, _: &[Quota], _: Op, _: &Arc<dyn Clock>) -> Decide {
+        Decide::ready(Err(StorageError::new(
             StorageErrorKind::Unavailable,
             "connection refused",
-        ))
-    }
-    async fn refund(&self, _: StorageKey<'_>, _: &[Quota], _: u32) -> Result<(), StorageError> {
-        Err(StorageError::new(
-            StorageErrorKind::Unavailable,
-            "connection refused",
-        ))
+        )))
     }
 }
 
@@ -1054,18 +1022,20 @@ async fn a_price_learned_from_a_refused_request_is_corrected_by_the_next_admitte
 }
 
 #[tokio::test]
-async fn tiers_sharing_one_memory_storage_keep_namespaces_cap_and_first_clock() {
+async fn tiers_sharing_one_memory_storage_keep_namespaces_cap_and_own_clocks() {
     let storage = MemoryStorage::builder().max_keys(2).build();
     let clock = FakeClock::new();
-    // a: default clock (direct + system clock); b: FakeClock, other namespace
+    let later = FakeClock::new();
+    // a and b: one storage, other namespaces, each limiter on its own clock
     let a = RateTier::builder()
         .tier("free", Quota::per_minute(3))
+        .clock(clock.clone())
         .storage(storage.clone())
         .build();
     let b = RateTier::builder()
         .tier("free", Quota::per_minute(3))
         .namespace("b")
-        .clock(clock.clone())
+        .clock(later.clone())
         .storage(storage.clone())
         .build();
     assert_eq!(a.check("u", "free", 2).await.unwrap().unwrap().remaining, 1);
@@ -1082,10 +1052,9 @@ async fn tiers_sharing_one_memory_storage_keep_namespaces_cap_and_first_clock() 
     // cost 0 peek does not take a key
     assert_eq!(a.check("w", "free", 0).await.unwrap().unwrap().remaining, 3);
     assert_eq!(storage.len(), 2);
-    // b on the FakeClock: time passes for b only
-    clock.advance(Duration::from_secs(20));
-    // the storage keeps the first tier's clock (SystemClock): b's FakeClock is ignored
-    assert_eq!(b.check("u", "free", 0).await.unwrap().unwrap().remaining, 2);
+    // each limiter's decisions run on its own clock: time passes for b only
+    later.advance(Duration::from_secs(20));
+    assert_eq!(b.check("u", "free", 0).await.unwrap().unwrap().remaining, 3);
     assert_eq!(a.check("u", "free", 0).await.unwrap().unwrap().remaining, 2);
 }
 
@@ -1212,20 +1181,14 @@ async fn header_parts_cost_fn_and_async_identifier_paths_answer_alike() {
     }
 }
 
-/// Claims to decide at once but implements only the async methods.
+/// Answers every decision with a future (that is ready at once): the layer
+/// serves its requests on the path for storages that wait.
 #[derive(Debug, Clone, Default)]
 struct AsyncOnlyNow(MemoryStorage);
 
-#[tower_rate_tier::async_trait]
 impl Storage for AsyncOnlyNow {
-    async fn check(&self, key: StorageKey<'_>, bands: &[Quota], cost: u32) -> Result<Decision, StorageError> {
-        self.0.check(key, bands, cost).await
-    }
-    async fn refund(&self, key: StorageKey<'_>, bands: &[Quota], cost: u32) -> Result<(), StorageError> {
-        self.0.refund(key, bands, cost).await
-    }
-    fn decides_now(&self) -> bool {
-        true
+    fn decide(&self, key: StorageKey<'_>, bands: &[Quota], op: Op, clock: &Arc<dyn Clock>) -> Decide {
+        Decide::pending(self.0.decide(key, bands, op, clock))
     }
 }
 

@@ -11,9 +11,11 @@ use axum::body::Body;
 use axum::routing::get;
 use http::{HeaderMap, Request};
 use tower::ServiceExt;
+use tower_rate_tier::clock::Clock;
 use tower_rate_tier::clock::FakeClock;
-use tower_rate_tier::storage::{MemoryStorage, RedisStorage, Storage, StorageErrorKind, StorageKey};
+use tower_rate_tier::storage::{MemoryStorage, Op, RedisStorage, Storage, StorageErrorKind, StorageKey};
 use tower_rate_tier::{CheckError, OnStorageError, Quota, RateTier, TierIdentity, TierLimitLayer, tier_cost};
+use tower_rate_tier_tests::StorageOps;
 use tower_rate_tier_tests::redis::{RedisServer, cluster, own_cluster};
 
 fn key<'a>(tier: &'a str, user: &'a str) -> StorageKey<'a> {
@@ -142,7 +144,8 @@ async fn script_matches_the_reference_gcra() {
         .connect()
         .await
         .unwrap();
-    let memory = MemoryStorage::builder().clock(clock.clone()).build();
+    let memory = MemoryStorage::new();
+    let fake: Arc<dyn Clock> = Arc::new(clock.clone());
     let bandsets: [&[Quota]; 4] = [
         &[Quota::per_second(4)],
         &[Quota::per_minute(10).with_burst(3)],
@@ -174,12 +177,12 @@ async fn script_matches_the_reference_gcra() {
             5..=7 => {
                 let cost = next(4) as u32;
                 redis.refund(k, bands, cost).await.unwrap();
-                memory.refund(k, bands, cost).await.unwrap();
+                memory.decide(k, bands, Op::Refund(cost), &fake).await.unwrap();
             }
             _ => {
                 let cost = next(4) as u32;
                 let r = redis.check(k, bands, cost).await.unwrap();
-                let m = memory.check(k, bands, cost).await.unwrap();
+                let m = memory.decide(k, bands, Op::Charge(cost), &fake).await.unwrap();
                 assert_eq!(r, m, "step {step}: {bands:?} cost {cost}");
             }
         }

@@ -9,3 +9,6 @@ pub mod heap;
 pub mod http_load;
 pub mod redis;
 pub mod reply;
+pub mod storage_ops;
+
+pub use storage_ops::StorageOps;

@@ -5,10 +5,10 @@
 //! uses the macros needs `extern crate self as tower_rate_tier;`.
 
 #[cfg(feature = "axum")]
-pub use crate::cost::TierCostGuard;
+pub use crate::cost::extract::TierCostGuard;
 pub use crate::quota::Quota;
+pub use crate::tier::ParseTierError;
 pub use crate::tier::{IntoTierName, TierTable};
-pub use crate::tier_name::ParseTierError;
 pub use core;
 
 /// `#[tier_cost]` expansions call it: nothing with the `axum` feature, a

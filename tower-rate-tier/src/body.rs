@@ -1,233 +1,85 @@
-//! Identification from the request body (feature `buffered-body`).
+//! [`ResponseBody`]: the body of a response that passed through the limiter,
+//! the inner service's own body or the limiter's refusal.
 //!
-//! [`TierLimitLayer::buffer_body(true)`](crate::TierLimitLayer::buffer_body)
-//! returns a [`BufferedTierLimitLayer`]: it reads the body (up to
-//! [`max_body_size`](BufferedTierLimitLayer::max_body_size), default 64 KiB,
-//! within [`body_timeout`](BufferedTierLimitLayer::body_timeout), default
-//! 10 s), hands it to
-//! [`TierIdentifier::identify_with_body`](crate::TierIdentifier::identify_with_body),
-//! and passes it on intact to the inner service. The request body type must
-//! be buildable from [`Bytes`] (axum's `Body` is; hyper's `Incoming` is not:
-//! map it to a `Full<Bytes>` or axum `Body` first).
-//!
-//! | body | answer |
-//! | --- | --- |
-//! | larger than the limit (declared or streamed) | 413, identifier and inner service not called |
-//! | stalls longer than the timeout | 408 |
-//! | fails mid-stream | 400 |
-//!
-//! ```
-//! # #[cfg(feature = "axum")]
-//! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() {
-//! use axum::{Router, body::Body, routing::post};
-//! use bytes::Bytes;
-//! use http::{HeaderMap, Request, StatusCode};
-//! use tower::ServiceExt;
-//! use tower_rate_tier::{Quota, RateTier, TierIdentifier, TierIdentity, TierLimitLayer};
-//!
-//! /// The API key is the body's `key=` form field.
-//! struct KeyInBody;
-//!
-//! #[tower_rate_tier::async_trait]
-//! impl TierIdentifier for KeyInBody {
-//!     async fn identify(&self, _headers: &HeaderMap) -> Option<TierIdentity> {
-//!         None
-//!     }
-//!     async fn identify_with_body(&self, _headers: &HeaderMap, body: &Bytes) -> Option<TierIdentity> {
-//!         let key = std::str::from_utf8(body).ok()?.strip_prefix("key=")?;
-//!         Some(TierIdentity::new(key, "free"))
-//!     }
-//! }
-//!
-//! let tiers = RateTier::builder().tier("free", Quota::per_minute(1)).build();
-//! let app = Router::new()
-//!     .route("/", post(|body: String| async move { body })) // the body arrives intact
-//!     .layer(TierLimitLayer::new(tiers).identifier(KeyInBody).buffer_body(true).max_body_size(1024));
-//! let send = |body: String| app.clone().oneshot(Request::post("/").body(Body::from(body)).unwrap());
-//!
-//! assert_eq!(send("key=ada".into()).await.unwrap().status(), StatusCode::OK);
-//! assert_eq!(send("key=ada".into()).await.unwrap().status(), StatusCode::TOO_MANY_REQUESTS);
-//! assert_eq!(send("key=bob".into()).await.unwrap().status(), StatusCode::OK);
-//! assert_eq!(send("x".repeat(2048)).await.unwrap().status(), StatusCode::PAYLOAD_TOO_LARGE);
-//! # }
-//! # #[cfg(not(feature = "axum"))]
-//! # fn main() {}
-//! ```
+//! The limiter never needs to build the inner service's body type, so it
+//! wraps services whose body it cannot construct (tonic's among them).
 
-use std::fmt;
+use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Request, Response, StatusCode};
-use http_body::Body as HttpBody;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
-use tower_layer::Layer;
-use tower_service::Service;
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
 
-use crate::future::ResponseFuture;
-use crate::layer::{Identify, TierLimitLayer};
-use crate::response;
-use crate::service::{Admission, TierLimitService};
-
-/// Body buffering limits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct BodyLimits {
-    pub(crate) max: usize,
-    pub(crate) timeout: Duration,
+pin_project! {
+    /// The inner service's body, or the limiter's refusal (a JSON problem
+    /// document).
+    #[derive(Debug)]
+    pub struct ResponseBody<B> {
+        #[pin]
+        kind: Kind<B>,
+    }
 }
 
-impl Default for BodyLimits {
-    fn default() -> Self {
-        BodyLimits {
-            max: 64 * 1024,
-            timeout: Duration::from_secs(10),
+pin_project! {
+    #[project = KindProj]
+    #[derive(Debug)]
+    enum Kind<B> {
+        Inner { #[pin] body: B },
+        Refusal { body: Option<Bytes> },
+    }
+}
+
+impl<B> ResponseBody<B> {
+    /// The inner service's body.
+    pub fn inner(body: B) -> Self {
+        ResponseBody {
+            kind: Kind::Inner { body },
         }
     }
-}
 
-impl TierLimitLayer {
-    /// Buffers request bodies so the identifier can read them (see
-    /// [`crate::body`]). `false` gives a layer that behaves like this one.
-    pub fn buffer_body(self, buffer: bool) -> BufferedTierLimitLayer {
-        BufferedTierLimitLayer { layer: self, buffer }
-    }
-}
-
-/// A [`TierLimitLayer`] that buffers request bodies for identification.
-#[derive(Clone, Debug)]
-pub struct BufferedTierLimitLayer {
-    layer: TierLimitLayer,
-    buffer: bool,
-}
-
-impl BufferedTierLimitLayer {
-    /// The largest body buffered (default 64 KiB); larger bodies get 413.
-    pub fn max_body_size(mut self, bytes: usize) -> Self {
-        self.layer.config().body.max = bytes;
-        self
-    }
-
-    /// How long reading the body may take (default 10 s); slower bodies get
-    /// 408.
-    pub fn body_timeout(mut self, timeout: Duration) -> Self {
-        self.layer.config().body.timeout = timeout;
-        self
-    }
-}
-
-impl<S> Layer<S> for BufferedTierLimitLayer {
-    type Service = BufferedTierLimitService<S>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        BufferedTierLimitService {
-            inner: self.layer.layer(inner),
-            buffer: self.buffer,
+    /// A refusal's body.
+    pub fn refusal(body: Bytes) -> Self {
+        let body = (!body.is_empty()).then_some(body);
+        ResponseBody {
+            kind: Kind::Refusal { body },
         }
     }
-}
 
-/// The service of [`BufferedTierLimitLayer`].
-#[derive(Clone)]
-pub struct BufferedTierLimitService<S> {
-    inner: TierLimitService<S>,
-    buffer: bool,
-}
-
-impl<S: fmt::Debug> fmt::Debug for BufferedTierLimitService<S> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("BufferedTierLimitService")
-            .field("inner", &self.inner)
-            .field("buffer", &self.buffer)
-            .finish()
+    /// Whether the limiter answered (the inner service was not called).
+    pub fn is_refusal(&self) -> bool {
+        matches!(self.kind, Kind::Refusal { .. })
     }
 }
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-fn refuse(status: StatusCode, detail: &str) -> Response<Bytes> {
-    response::problem(status, detail, serde_json::Value::Null)
-}
-
-impl<S, ReqB, ResB> Service<Request<ReqB>> for BufferedTierLimitService<S>
+impl<B> Body for ResponseBody<B>
 where
-    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    ReqB: HttpBody + From<Bytes> + Send + 'static,
-    ReqB::Data: Send,
-    ReqB::Error: Into<BoxError>,
-    ResB: From<Bytes> + Send + 'static,
+    B: Body<Data = Bytes>,
 {
-    type Response = Response<ResB>;
-    type Error = S::Error;
-    type Future = ResponseFuture<S::Future, ResB, S::Error>;
+    type Data = Bytes;
+    type Error = B::Error;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        match self.project().kind.project() {
+            KindProj::Inner { body } => body.poll_frame(cx),
+            KindProj::Refusal { body } => Poll::Ready(body.take().map(|b| Ok(Frame::data(b)))),
+        }
     }
 
-    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        if !self.buffer {
-            return self.inner.call(req);
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            Kind::Inner { body } => body.is_end_stream(),
+            Kind::Refusal { body } => body.is_none(),
         }
-        let shared = self.inner.shared.clone();
-        let limits = shared.body;
-        let declared = req
-            .headers()
-            .get(http::header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok());
-        if declared.is_some_and(|len| len > limits.max as u64) {
-            return ResponseFuture::refuse(
-                refuse(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "the request body is larger than the limit",
-                )
-                .map(ResB::from),
-            );
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            Kind::Inner { body } => body.size_hint(),
+            Kind::Refusal { body } => SizeHint::with_exact(body.as_ref().map_or(0, |b| b.len() as u64)),
         }
-        let clone = self.inner.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner.inner, clone);
-        ResponseFuture::boxed(Box::pin(async move {
-            let (mut parts, body) = req.into_parts();
-            let collected =
-                tokio::time::timeout(limits.timeout, Limited::new(body, limits.max).collect()).await;
-            let bytes = match collected {
-                Ok(Ok(collected)) => collected.to_bytes(),
-                Ok(Err(error)) if error.downcast_ref::<LengthLimitError>().is_some() => {
-                    let r = refuse(
-                        StatusCode::PAYLOAD_TOO_LARGE,
-                        "the request body is larger than the limit",
-                    );
-                    return Ok(r.map(ResB::from));
-                }
-                Ok(Err(_)) => {
-                    let r = refuse(StatusCode::BAD_REQUEST, "the request body could not be read");
-                    return Ok(r.map(ResB::from));
-                }
-                Err(_) => {
-                    let r = refuse(
-                        StatusCode::REQUEST_TIMEOUT,
-                        "the request body was not received in time",
-                    );
-                    return Ok(r.map(ResB::from));
-                }
-            };
-            let identity = match &shared.identify {
-                Identify::Async(identifier) => identifier.identify_with_body(&parts.headers, &bytes).await,
-                _ => shared.identify(&parts).await,
-            };
-            match shared.admit(&mut parts, identity).await {
-                Admission::Pass(charge) => {
-                    let mut response = inner.call(Request::from_parts(parts, ReqB::from(bytes))).await?;
-                    if let Some(charge) = charge {
-                        charge.finish(&mut response);
-                    }
-                    Ok(response)
-                }
-                Admission::Refuse(response) => Ok(response.map(ResB::from)),
-            }
-        }))
     }
 }

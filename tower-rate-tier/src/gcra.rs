@@ -11,7 +11,8 @@
 //!
 //! and then moves the TAT to `max(TAT, now) + c · I`. This module never sees a
 //! storage or an HTTP request: the storages call [`decide`] and [`refund`]
-//! under their own per-key atomicity.
+//! under their own per-key atomicity (through
+//! [`decide_bands`](crate::storage::decide_bands)).
 //!
 //! All intermediate arithmetic is done in `u128`, so no input (nanoseconds
 //! near `u64::MAX`, day-long intervals, a cost near `u32::MAX`) can overflow.
@@ -38,9 +39,9 @@ pub struct BandState {
 
 /// The outcome of [`decide`] for one band.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BandDecision {
+pub(crate) struct BandDecision {
     /// Whether this band admits the request.
-    pub allowed: bool,
+    pub(crate) allowed: bool,
     /// The TAT to store, or `None` when nothing needs writing. When the
     /// request is admitted (by every band), the TAT after the charge. When the
     /// stored TAT was more than one full refill ahead of `now` (the clock
@@ -48,10 +49,10 @@ pub struct BandDecision {
     /// or a peek: the reported state does not change, but writing it back is
     /// what bounds the lock-out to one full refill. Otherwise `None` for a
     /// denied request, a peek (cost 0) and an unlimited band.
-    pub new_tat: Option<Nanos>,
+    pub(crate) new_tat: Option<Nanos>,
     /// The band's state after the decision (after the charge when admitted,
     /// unchanged when denied).
-    pub state: BandState,
+    pub(crate) state: BandState,
 }
 
 fn sat_u64(v: u128) -> u64 {
@@ -76,21 +77,8 @@ fn div(n: u128, d: u128) -> u128 {
 /// TAT (`None` for a key never seen or expired)?
 ///
 /// Cost 0 is a peek: always admitted, reports the state, writes nothing.
-///
-/// ```
-/// use tower_rate_tier::{Quota, gcra};
-///
-/// let q = Quota::per_second(2);
-/// let first = gcra::decide(None, 0, &q, 1);
-/// assert!(first.allowed);
-/// assert_eq!(first.state.remaining, 1);
-/// let second = gcra::decide(first.new_tat, 0, &q, 1);
-/// let third = gcra::decide(second.new_tat, 0, &q, 1);
-/// assert!(!third.allowed);
-/// assert_eq!(third.state.retry_after_ns, 500_000_000);
-/// ```
 #[inline]
-pub fn decide(tat: Option<Nanos>, now: Nanos, quota: &Quota, cost: u32) -> BandDecision {
+pub(crate) fn decide(tat: Option<Nanos>, now: Nanos, quota: &Quota, cost: u32) -> BandDecision {
     if !quota.is_unlimited() {
         if let Some(decision) = decide_u64(tat, now, quota, cost) {
             return decision;
@@ -208,17 +196,7 @@ fn decide_u64(tat: Option<Nanos>, now: Nanos, quota: &Quota, cost: u32) -> Optio
 /// Gives `cost` units back to one band: the TAT after the refund, or `None`
 /// when the band is back to a fresh state (nothing to keep). Never goes below
 /// a fresh state.
-///
-/// ```
-/// use tower_rate_tier::{Quota, gcra};
-///
-/// let q = Quota::per_second(10);
-/// let charged = gcra::decide(None, 0, &q, 4).new_tat;
-/// let back = gcra::refund(charged, 0, &q, 3);
-/// assert_eq!(gcra::decide(back, 0, &q, 0).state.remaining, 9);
-/// assert_eq!(gcra::refund(back, 0, &q, 100), None);
-/// ```
-pub fn refund(tat: Option<Nanos>, now: Nanos, quota: &Quota, cost: u32) -> Option<Nanos> {
+pub(crate) fn refund(tat: Option<Nanos>, now: Nanos, quota: &Quota, cost: u32) -> Option<Nanos> {
     if quota.is_unlimited() {
         return None;
     }
@@ -229,12 +207,6 @@ pub fn refund(tat: Option<Nanos>, now: Nanos, quota: &Quota, cost: u32) -> Optio
     let base = tat.min(now_w + tolerance);
     let back = base.saturating_sub(interval * u128::from(cost));
     (back > now_w).then(|| sat_u64(back))
-}
-
-/// Whether a stored TAT is expired at `now` (the band is full: forgetting it
-/// changes nothing).
-pub fn is_expired(tat: Nanos, now: Nanos) -> bool {
-    tat <= now
 }
 
 #[cfg(test)]

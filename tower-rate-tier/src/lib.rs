@@ -2,7 +2,7 @@
 //!
 //! SaaS APIs limit users by plan (free, pro, enterprise). This crate gives
 //! each plan a [`Quota`] (or several bands that must all admit a request),
-//! counts requests with the GCRA ([`gcra`]), keeps the state in memory or in
+//! counts requests with the GCRA (see [`quota`]), keeps the state in memory or in
 //! Redis ([`storage`]), and answers 429 with the standard headers
 //! ([`response`]).
 //!
@@ -11,8 +11,9 @@
 //!   ([`RateTier::check`]) and also works without HTTP.
 //! * [`TierLimitLayer`]: the tower layer. One router-wide layer identifies the
 //!   client ([`identity`]), resolves the tier ([`OnMissing`],
-//!   [`OnUnknownTier`]), charges the request's cost and refuses what does not
-//!   fit.
+//!   [`OnUnknownTier`], see [`policy`]), charges the request's cost and
+//!   refuses what does not fit. Refusals travel in a [`ResponseBody`], so the
+//!   inner service's body type is never built by the limiter.
 //! * Costs ([`cost`]): [`#[tier_cost(n)]`](macro@tier_cost) on a handler, the
 //!   [`tier_cost(n)`](fn@tier_cost) route layer, a [`TierCost`] extension, or
 //!   [`TierLimitLayer::cost_fn`]; each is charged exactly once.
@@ -75,35 +76,36 @@
 
 #[doc(hidden)]
 pub mod __private;
-#[cfg(feature = "buffered-body")]
 pub mod body;
 pub mod clock;
 pub mod cost;
-mod future;
-pub mod gcra;
+mod event;
+mod gcra;
+mod headers;
 pub mod identity;
-mod layer;
+mod limit;
+pub mod policy;
+mod problem;
 pub mod quota;
+mod refusal;
 pub mod response;
-mod service;
 pub mod storage;
 pub mod tier;
-mod tier_name;
 
 pub use async_trait::async_trait;
-#[cfg(feature = "buffered-body")]
-pub use body::{BufferedTierLimitLayer, BufferedTierLimitService};
-pub use cost::{TierCost, TierCostLayer, TierCostService, tier_cost};
-pub use future::ResponseFuture;
+pub use body::ResponseBody;
+pub use cost::{TierCost, TierCostFuture, TierCostLayer, TierCostService, tier_cost};
+pub use event::RateLimitEvent;
 pub use identity::{PeerAddr, TierIdentifier, TierIdentity};
-pub use layer::{OnStorageError, OnUnknownTier, RateLimitEvent, TierLimitLayer};
+#[cfg(feature = "buffered-body")]
+pub use limit::{BufferedTierLimitLayer, BufferedTierLimitService};
+pub use limit::{ResponseFuture, TierLimitLayer, TierLimitService};
+pub use policy::{OnMissing, OnStorageError, OnUnknownTier};
 pub use quota::{IntoQuotas, Quota};
-pub use service::TierLimitService;
 pub use tier::{
-    BuildError, CheckError, CheckResult, IntoTierName, OnMissing, RateLimitInfo, RateLimited, RateTier,
+    BuildError, CheckError, CheckResult, IntoTierName, ParseTierError, RateLimitInfo, RateLimited, RateTier,
     RateTierBuilder, TierTable,
 };
-pub use tier_name::ParseTierError;
 #[cfg(feature = "macros")]
 pub use tower_rate_tier_macros::{rate_tiers, tier_cost};
 

@@ -19,7 +19,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use tower_rate_tier::storage::{RedisStorage, Storage, StorageKey};
+use tower_rate_tier::storage::{RedisStorage, StorageKey};
+use tower_rate_tier_tests::StorageOps;
 use tower_rate_tier_tests::redis::RedisServer;
 use trt03::storage::Storage as _;
 

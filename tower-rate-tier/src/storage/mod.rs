@@ -1,45 +1,84 @@
 //! Where GCRA state lives.
 //!
-//! A [`Storage`] decides one request for all bands of a tier in one atomic
-//! step: either every band admits it and every band is charged, or nothing is
-//! written. The backend owns its time source (the in-memory storage reads the
-//! [`RateTier`](crate::RateTier)'s clock, Redis its own server clock), so the
-//! trait never takes a client-side `now`.
+//! A [`Storage`] has one method, [`Storage::decide`]: it carries out one
+//! [`Op`] (charge `n`, peek, refund `n`) on every band of one key, atomically,
+//! and answers with a [`Decision`]. A charge either admits the request in
+//! every band and charges every band, or writes nothing. The call receives the
+//! limiter's clock: a storage that runs the GCRA in process decides with it
+//! (so a [`FakeClock`](crate::clock::FakeClock) given to the
+//! [`RateTier`](crate::RateTier) builder reaches a wrapped [`MemoryStorage`]);
+//! Redis ignores it and uses its server's time.
+//!
+//! The answer is a [`Decide`]: either already decided (the in-memory storage:
+//! no future, no allocation) or a future (Redis). Storages wrap storages by
+//! calling the inner one's `decide` and passing its answer on, or mapping it.
 //!
 //! [`MemoryStorage`] is the default. The Redis storage (feature `redis`,
-//! [`RedisStorage`]) shares one quota between many
-//! processes.
+//! `RedisStorage`) shares one quota between many processes.
 //!
-//! A storage is addressed by a structured [`StorageKey`] (namespace, tier,
-//! user), never a formatted string, so backends choose their own encoding.
+//! # Writing a storage
+//!
+//! A wrapper that counts decisions around any storage, and the limiter using
+//! it. A storage that keeps its own state decides with [`decide_bands`], the
+//! GCRA over one key's stored times.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! use std::sync::Arc;
+//! use std::sync::atomic::{AtomicU64, Ordering};
+//! use tower_rate_tier::clock::Clock;
+//! use tower_rate_tier::storage::{Decide, MemoryStorage, Op, Storage, StorageKey};
+//! use tower_rate_tier::{Quota, RateTier};
+//!
+//! #[derive(Debug, Clone)]
+//! struct Counting<S> {
+//!     inner: S,
+//!     decisions: Arc<AtomicU64>,
+//! }
+//!
+//! impl<S: Storage> Storage for Counting<S> {
+//!     fn decide(&self, key: StorageKey<'_>, bands: &[Quota], op: Op, clock: &Arc<dyn Clock>) -> Decide {
+//!         self.decisions.fetch_add(1, Ordering::Relaxed);
+//!         self.inner.decide(key, bands, op, clock)
+//!     }
+//! }
+//!
+//! let storage = Counting { inner: MemoryStorage::new(), decisions: Arc::default() };
+//! let tiers = RateTier::builder().tier("free", Quota::per_minute(10)).storage(storage.clone()).build();
+//! tiers.check("ada", "free", 1).await.unwrap().unwrap();
+//! tiers.check("ada", "free", 1).await.unwrap().unwrap();
+//! assert_eq!(storage.decisions.load(Ordering::Relaxed), 2);
+//! # }
+//! ```
+//!
+//! A storage that must wait returns [`Decide::pending`] with a future that
+//! owns what it needs (copies of the key and bands, a clone of a connection
+//! handle); one that decides at once returns [`Decide::ready`].
 
-use std::any::Any;
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
-
-use arrayvec::ArrayVec;
+use std::task::{Context, Poll};
 
 use crate::clock::{Clock, Nanos};
-use crate::gcra::BandState;
 use crate::quota::Quota;
 
+mod error;
 mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
 
+pub use self::error::{StorageError, StorageErrorKind};
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisStorage, RedisStorageBuilder};
-pub(crate) use memory::Direct;
+pub use crate::gcra::BandState;
 pub use memory::{MemoryStorage, MemoryStorageBuilder};
 
-/// The most bands one tier may have: one per period a [`Quota`] can name
-/// (second, minute, hour, day). Per-band states travel inline (no allocation
-/// per check), so this also bounds the size of every decision.
+/// The most bands one tier may have. Per-band states travel inline for one
+/// band (no allocation per check), so this also bounds every decision.
 pub const MAX_BANDS: usize = 4;
-
-/// Per-band states of one decision, in the order of the tier's bands (one
-/// band inline, as most tiers have).
-pub type BandStates = smallvec::SmallVec<[BandState; 1]>;
 
 /// Which bucket a decision is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -52,269 +91,254 @@ pub struct StorageKey<'a> {
     pub user: &'a str,
 }
 
-/// The outcome of one atomic decision over all bands of a tier.
+/// What a decision does to the bands of one key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Op {
+    /// Admit and charge `n` units in every band, or charge nothing when any
+    /// band denies. `Charge(0)` is a peek.
+    Charge(u32),
+    /// Give `n` units back to every band (never below a fresh state).
+    Refund(u32),
+}
+
+impl Op {
+    /// The units the operation moves.
+    pub fn units(self) -> u32 {
+        match self {
+            Op::Charge(n) | Op::Refund(n) => n,
+        }
+    }
+}
+
+/// Where a [`Decision`] came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum DecisionSource {
+    /// The storage the limiter was built with.
+    #[default]
+    Storage,
+}
+
+/// The states of every band after a decision, in the tier's band order.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct BandStates(smallvec::SmallVec<[BandState; 1]>);
+
+impl BandStates {
+    /// No states.
+    pub fn new() -> Self {
+        BandStates::default()
+    }
+
+    /// Appends the next band's state.
+    pub fn push(&mut self, state: BandState) {
+        self.0.push(state);
+    }
+}
+
+impl std::ops::Deref for BandStates {
+    type Target = [BandState];
+
+    fn deref(&self) -> &[BandState] {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for BandStates {
+    fn deref_mut(&mut self) -> &mut [BandState] {
+        &mut self.0
+    }
+}
+
+impl FromIterator<BandState> for BandStates {
+    fn from_iter<I: IntoIterator<Item = BandState>>(iter: I) -> Self {
+        BandStates(iter.into_iter().collect())
+    }
+}
+
+impl fmt::Debug for BandStates {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+/// The outcome of one atomic decision over all bands of a key.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Decision {
-    /// Whether every band admitted the request (and was charged).
+    /// Whether every band admitted the operation (a refund always is).
     pub allowed: bool,
-    /// The backend's time of the decision, in nanoseconds since the Unix
+    /// The storage's time of the decision, in nanoseconds since the Unix
     /// epoch.
     pub now: Nanos,
-    /// Each band's state after the decision.
+    /// Each band's state after the decision. A refund may leave it empty.
     pub bands: BandStates,
+    /// Who decided.
+    pub source: DecisionSource,
 }
 
-/// A storage failure: unreachable, timed out, full, or a bad reply.
-#[derive(Debug, Clone)]
-pub struct StorageError {
-    kind: StorageErrorKind,
-    message: Arc<str>,
-}
-
-/// What kind of failure a [`StorageError`] is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum StorageErrorKind {
-    /// The backend did not answer within its timeout.
-    Timeout,
-    /// The backend could not be reached.
-    Unavailable,
-    /// The storage tracks as many keys as it may; a new key was refused.
-    Full,
-    /// Anything else (a bad reply, a refused command, ...).
-    Other,
-}
-
-impl StorageError {
-    /// A new error of `kind`.
-    pub fn new(kind: StorageErrorKind, message: impl Into<Arc<str>>) -> Self {
-        StorageError {
-            kind,
-            message: message.into(),
+impl Decision {
+    /// A decision made by the storage itself.
+    pub fn new(allowed: bool, now: Nanos, bands: BandStates) -> Self {
+        Decision {
+            allowed,
+            now,
+            bands,
+            source: DecisionSource::Storage,
         }
     }
 
-    /// The kind of failure.
-    pub fn kind(&self) -> StorageErrorKind {
-        self.kind
+    /// The same decision, reported as made by `source`.
+    pub fn with_source(mut self, source: DecisionSource) -> Self {
+        self.source = source;
+        self
     }
 }
 
-impl fmt::Display for StorageError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let kind = match self.kind {
-            StorageErrorKind::Timeout => "timed out",
-            StorageErrorKind::Unavailable => "unavailable",
-            StorageErrorKind::Full => "full",
-            StorageErrorKind::Other => "failed",
-        };
-        write!(f, "rate-limit storage {kind}: {}", self.message)
-    }
-}
+type Pending = Pin<Box<dyn Future<Output = Result<Decision, StorageError>> + Send>>;
 
-impl std::error::Error for StorageError {}
-
-/// A storage's handle on the keys of one tier of one limiter, made once when
-/// a [`RateTier`](crate::RateTier) is built ([`Storage::prepare`]) so that
-/// per-request calls need not look the tier up again. Opaque to everyone but
-/// the storage that made it.
-#[derive(Clone)]
-pub struct PreparedScope(Arc<dyn Any + Send + Sync>);
-
-impl PreparedScope {
-    /// Wraps a storage's own handle.
-    pub fn new<T: Any + Send + Sync>(handle: Arc<T>) -> Self {
-        PreparedScope(handle)
-    }
-
-    /// The storage's own handle, if it is a `T`.
-    pub fn downcast_ref<T: Any>(&self) -> Option<&T> {
-        self.0.downcast_ref::<T>()
-    }
-}
-
-impl fmt::Debug for PreparedScope {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("PreparedScope")
-    }
-}
-
-/// A backend holding GCRA state.
+/// A storage's answer: decided already, or a future.
 ///
-/// Object safe: the runtime holds it as `Arc<dyn Storage>`. Backends that can
-/// decide without waiting (the in-memory storage) also implement the `*_now`
-/// methods, which the runtime calls first so that no future is boxed per
-/// request; the async methods are the general path.
-#[async_trait::async_trait]
+/// It is a future itself, so `storage.decide(..).await` works whatever the
+/// storage; [`Decide::into_ready`] takes an answer that needs no waiting
+/// without polling. A pending answer owns what it needs (it borrows nothing
+/// from the call), so the limiter can keep it and await it in a task of its
+/// own.
+pub struct Decide(Answer);
+
+enum Answer {
+    Ready(Option<Result<Decision, StorageError>>),
+    Pending(Pending),
+}
+
+impl Decide {
+    /// Decided already.
+    pub fn ready(result: Result<Decision, StorageError>) -> Self {
+        Decide(Answer::Ready(Some(result)))
+    }
+
+    /// Decided when `future` completes.
+    pub fn pending<F>(future: F) -> Self
+    where
+        F: Future<Output = Result<Decision, StorageError>> + Send + 'static,
+    {
+        Decide(Answer::Pending(Box::pin(future)))
+    }
+
+    /// The answer, if it needs no waiting; else the `Decide` back.
+    pub fn into_ready(self) -> Result<Result<Decision, StorageError>, Decide> {
+        match self.0 {
+            Answer::Ready(Some(result)) => Ok(result),
+            other => Err(Decide(other)),
+        }
+    }
+
+    /// Applies `f` to the answer, now or when it arrives.
+    pub fn map<F>(self, f: F) -> Decide
+    where
+        F: FnOnce(Result<Decision, StorageError>) -> Result<Decision, StorageError> + Send + 'static,
+    {
+        match self.into_ready() {
+            Ok(result) => Decide::ready(f(result)),
+            Err(pending) => Decide::pending(async move { f(pending.await) }),
+        }
+    }
+}
+
+impl Future for Decide {
+    type Output = Result<Decision, StorageError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match &mut self.0 {
+            Answer::Ready(result) => match result.take() {
+                Some(result) => Poll::Ready(result),
+                None => panic!("a storage's `Decide` was polled after it completed"),
+            },
+            Answer::Pending(future) => future.as_mut().poll(cx),
+        }
+    }
+}
+
+impl fmt::Debug for Decide {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            Answer::Ready(result) => f.debug_tuple("Ready").field(result).finish(),
+            Answer::Pending(_) => f.write_str("Pending"),
+        }
+    }
+}
+
+/// A backend holding GCRA state. See the [module documentation](self).
+///
+/// Object safe: a [`RateTier`](crate::RateTier) holds its storage as
+/// `Arc<dyn Storage>`.
 pub trait Storage: Send + Sync + fmt::Debug + 'static {
-    /// Charges `cost` in every band, or in none if any band denies. Cost 0
-    /// reports the state and charges nothing.
-    async fn check(&self, key: StorageKey<'_>, bands: &[Quota], cost: u32) -> Result<Decision, StorageError>;
-
-    /// Gives `cost` back to every band (never below a fresh state).
-    async fn refund(&self, key: StorageKey<'_>, bands: &[Quota], cost: u32) -> Result<(), StorageError>;
-
-    /// [`Storage::check`] without waiting, where the backend can; `None`
-    /// means "use the async method".
-    fn check_now(
-        &self,
-        key: StorageKey<'_>,
-        bands: &[Quota],
-        cost: u32,
-    ) -> Option<Result<Decision, StorageError>> {
-        let _ = (key, bands, cost);
-        None
-    }
-
-    /// [`Storage::refund`] without waiting, where the backend can; `None`
-    /// means "use the async method".
-    fn refund_now(
-        &self,
-        key: StorageKey<'_>,
-        bands: &[Quota],
-        cost: u32,
-    ) -> Option<Result<(), StorageError>> {
-        let _ = (key, bands, cost);
-        None
-    }
-
-    /// Resolves the keys of one tier of one limiter ahead of time (called
-    /// once per tier when a `RateTier` is built). Backends that gain nothing
-    /// from it return `None` (the default).
-    fn prepare(&self, namespace: &str, tier: &str) -> Option<PreparedScope> {
-        let _ = (namespace, tier);
-        None
-    }
-
-    /// [`check_now`](Self::check_now) with the handle
-    /// [`prepare`](Self::prepare) made for `key`'s namespace and tier.
-    fn check_prepared_now(
-        &self,
-        scope: &PreparedScope,
-        key: StorageKey<'_>,
-        bands: &[Quota],
-        cost: u32,
-    ) -> Option<Result<Decision, StorageError>> {
-        let _ = scope;
-        self.check_now(key, bands, cost)
-    }
-
-    /// [`refund_now`](Self::refund_now) with the handle
-    /// [`prepare`](Self::prepare) made for `key`'s namespace and tier.
-    fn refund_prepared_now(
-        &self,
-        scope: &PreparedScope,
-        key: StorageKey<'_>,
-        bands: &[Quota],
-        cost: u32,
-    ) -> Option<Result<(), StorageError>> {
-        let _ = scope;
-        self.refund_now(key, bands, cost)
-    }
-
-    /// Whether [`check_now`](Self::check_now) and
-    /// [`refund_now`](Self::refund_now) always answer (`Some`). The layer then
-    /// decides requests inline, without boxing a future.
-    fn decides_now(&self) -> bool {
-        false
-    }
-
-    /// Called by [`RateTierBuilder::clock`](crate::RateTierBuilder::clock)'s
-    /// owner at build time with the tier configuration's clock. Backends that
-    /// keep their own time (Redis) ignore it; the in-memory storage uses it for
-    /// decisions and garbage collection unless it was given a clock itself.
-    fn use_clock(&self, clock: Arc<dyn Clock>) {
-        let _ = clock;
-    }
+    /// Carries out `op` on every band of `key` (`bands` in the tier's order,
+    /// 1 to [`MAX_BANDS`]), atomically. `clock` is the limiter's clock, for
+    /// storages that keep time in process.
+    fn decide(&self, key: StorageKey<'_>, bands: &[Quota], op: Op, clock: &Arc<dyn Clock>) -> Decide;
 }
 
-#[async_trait::async_trait]
 impl<S: Storage + ?Sized> Storage for Arc<S> {
-    async fn check(&self, key: StorageKey<'_>, bands: &[Quota], cost: u32) -> Result<Decision, StorageError> {
-        (**self).check(key, bands, cost).await
-    }
-
-    async fn refund(&self, key: StorageKey<'_>, bands: &[Quota], cost: u32) -> Result<(), StorageError> {
-        (**self).refund(key, bands, cost).await
-    }
-
-    fn check_now(
-        &self,
-        key: StorageKey<'_>,
-        bands: &[Quota],
-        cost: u32,
-    ) -> Option<Result<Decision, StorageError>> {
-        (**self).check_now(key, bands, cost)
-    }
-
-    fn refund_now(
-        &self,
-        key: StorageKey<'_>,
-        bands: &[Quota],
-        cost: u32,
-    ) -> Option<Result<(), StorageError>> {
-        (**self).refund_now(key, bands, cost)
-    }
-
-    fn prepare(&self, namespace: &str, tier: &str) -> Option<PreparedScope> {
-        (**self).prepare(namespace, tier)
-    }
-
-    fn check_prepared_now(
-        &self,
-        scope: &PreparedScope,
-        key: StorageKey<'_>,
-        bands: &[Quota],
-        cost: u32,
-    ) -> Option<Result<Decision, StorageError>> {
-        (**self).check_prepared_now(scope, key, bands, cost)
-    }
-
-    fn refund_prepared_now(
-        &self,
-        scope: &PreparedScope,
-        key: StorageKey<'_>,
-        bands: &[Quota],
-        cost: u32,
-    ) -> Option<Result<(), StorageError>> {
-        (**self).refund_prepared_now(scope, key, bands, cost)
-    }
-
-    fn decides_now(&self) -> bool {
-        (**self).decides_now()
-    }
-
-    fn use_clock(&self, clock: Arc<dyn Clock>) {
-        (**self).use_clock(clock)
+    fn decide(&self, key: StorageKey<'_>, bands: &[Quota], op: Op, clock: &Arc<dyn Clock>) -> Decide {
+        (**self).decide(key, bands, op, clock)
     }
 }
 
-/// Decides all bands against their stored TATs, all or nothing: whether every
-/// band admits, the TAT to write per band (`None`: leave as is), and each
-/// band's state. When any band denies, nothing is charged and every band
-/// reports its state unchanged; the only writes left are the clamps of TATs
-/// more than a full refill ahead (a clock that moved backwards, see
-/// [`BandDecision::new_tat`](crate::gcra::BandDecision::new_tat)). Shared by
-/// the backends that run the GCRA in process.
-pub(crate) fn decide_bands(
-    tats: &[Option<Nanos>],
-    now: Nanos,
-    bands: &[Quota],
-    cost: u32,
-) -> (bool, ArrayVec<Option<Nanos>, MAX_BANDS>, BandStates) {
-    let mut writes = ArrayVec::new();
+impl<S: Storage + ?Sized> Storage for Box<S> {
+    fn decide(&self, key: StorageKey<'_>, bands: &[Quota], op: Op, clock: &Arc<dyn Clock>) -> Decide {
+        (**self).decide(key, bands, op, clock)
+    }
+}
+
+/// The GCRA over one key's stored times: carries out `op` at `now` on every
+/// band, updating `tats` (one per band, `None` for a fresh state) in place,
+/// all or nothing. For storages that keep the times themselves.
+///
+/// When a charge is denied, nothing is charged and every band reports its
+/// state unchanged; the only writes left are the clamps of times more than a
+/// full refill ahead (a clock that moved backwards), which bound the lock-out
+/// to one refill.
+///
+/// ```
+/// use tower_rate_tier::Quota;
+/// use tower_rate_tier::storage::{Op, decide_bands};
+///
+/// let bands = [Quota::per_second(2)];
+/// let mut tats = [None];
+/// assert!(decide_bands(&mut tats, 0, &bands, Op::Charge(2)).allowed);
+/// let denied = decide_bands(&mut tats, 0, &bands, Op::Charge(1));
+/// assert_eq!((denied.allowed, denied.bands[0].retry_after_ns), (false, 500_000_000));
+/// decide_bands(&mut tats, 0, &bands, Op::Refund(2));
+/// assert_eq!(tats, [None]);
+/// ```
+pub fn decide_bands(tats: &mut [Option<Nanos>], now: Nanos, bands: &[Quota], op: Op) -> Decision {
+    let cost = match op {
+        Op::Charge(cost) => cost,
+        Op::Refund(units) => {
+            for (tat, quota) in tats.iter_mut().zip(bands) {
+                *tat = crate::gcra::refund(*tat, now, quota, units);
+            }
+            let states = tats
+                .iter()
+                .zip(bands)
+                .map(|(tat, quota)| crate::gcra::decide(*tat, now, quota, 0).state)
+                .collect();
+            return Decision::new(true, now, states);
+        }
+    };
+    let mut writes = [None; MAX_BANDS];
     let mut states = BandStates::new();
     let mut allowed = true;
-    for (tat, quota) in tats.iter().zip(bands) {
+    for ((tat, quota), write) in tats.iter().zip(bands).zip(&mut writes) {
         let d = crate::gcra::decide(*tat, now, quota, cost);
         allowed &= d.allowed;
-        writes.push(d.new_tat);
+        *write = d.new_tat;
         states.push(d.state);
     }
     if !allowed {
         // A band that denied wrote at most its clamp; one that would have
         // admitted reports (and clamps) as a peek.
-        for (((state, write), tat), quota) in states.iter_mut().zip(writes.iter_mut()).zip(tats).zip(bands) {
+        for (((state, write), tat), quota) in states.iter_mut().zip(&mut writes).zip(&*tats).zip(bands) {
             if state.retry_after_ns == 0 {
                 let peek = crate::gcra::decide(*tat, now, quota, 0);
                 *state = peek.state;
@@ -322,5 +346,83 @@ pub(crate) fn decide_bands(
             }
         }
     }
-    (allowed, writes, states)
+    for (tat, write) in tats.iter_mut().zip(writes) {
+        if write.is_some() {
+            *tat = write;
+        }
+    }
+    Decision::new(allowed, now, states)
+}
+
+/// A name for each band of a tier that stays the same when bands are added,
+/// removed or reordered: its refill window in milliseconds (rounded up), and
+/// a counter telling apart bands of one tier with the same window. Storages
+/// key a band's state by it, so a band keeps its state across configuration
+/// changes that keep its window.
+pub fn band_names(bands: &[Quota]) -> impl Iterator<Item = BandName> + '_ {
+    bands.iter().enumerate().map(|(i, quota)| {
+        let window_ms = window_ms(quota);
+        let repeat = bands[..i].iter().filter(|q| window_ms_eq(q, window_ms)).count();
+        BandName {
+            window_ms,
+            repeat: u8::try_from(repeat).unwrap_or(u8::MAX),
+        }
+    })
+}
+
+fn window_ms(quota: &Quota) -> u64 {
+    quota.refill_nanos().div_ceil(1_000_000)
+}
+
+fn window_ms_eq(quota: &Quota, ms: u64) -> bool {
+    window_ms(quota) == ms
+}
+
+/// The stable name of one band of a tier; see [`band_names`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BandName {
+    /// The band's refill window in milliseconds, rounded up.
+    pub window_ms: u64,
+    /// How many earlier bands of the tier have the same window.
+    pub repeat: u8,
+}
+
+impl fmt::Display for BandName {
+    /// `w3600000`, or `w3600000.1` for a repeated window.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "w{}", self.window_ms)?;
+        if self.repeat > 0 {
+            write!(f, ".{}", self.repeat)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn band_names_are_stable_and_distinct() {
+        let bands = [Quota::per_second(5), Quota::per_day(100), Quota::per_second(10)];
+        let names: Vec<String> = band_names(&bands).map(|n| n.to_string()).collect();
+        assert_eq!(names, ["w1000", "w86400000", "w1000.1"]);
+        // a raise that keeps the period keeps the name
+        let raised: Vec<BandName> = band_names(&[Quota::per_hour(200)]).collect();
+        let before: Vec<BandName> = band_names(&[Quota::per_hour(100)]).collect();
+        assert_eq!(raised, before);
+    }
+
+    #[test]
+    fn a_denied_charge_writes_nothing_but_clamps() {
+        let bands = [Quota::per_second(1), Quota::per_second(10)];
+        let mut tats = [None, None];
+        assert!(decide_bands(&mut tats, 0, &bands, Op::Charge(1)).allowed);
+        let before = tats;
+        let denied = decide_bands(&mut tats, 0, &bands, Op::Charge(1));
+        assert!(!denied.allowed);
+        assert_eq!(tats, before);
+        assert_eq!(denied.bands[1].remaining, 9);
+        assert_eq!(denied.bands[1].retry_after_ns, 0);
+    }
 }

@@ -80,7 +80,7 @@ use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 use sha2::{Digest, Sha256};
 use smallvec::SmallVec;
 
-use super::{BandStates, Decision, Storage, StorageError, StorageErrorKind, StorageKey};
+use super::{BandStates, Decide, Decision, Op, Storage, StorageError, StorageErrorKind, StorageKey};
 use crate::clock::Clock;
 use crate::gcra::BandState;
 use crate::quota::Quota;
@@ -539,21 +539,14 @@ impl KeyCodec {
 
 impl Inner {
     /// Runs the script once within the timeout.
-    async fn run(
-        &self,
-        key: StorageKey<'_>,
-        bands: &[Quota],
-        refund: bool,
-        cost: u32,
-    ) -> Result<Vec<i64>, StorageError> {
-        let args = self.script_args(key, bands, refund, cost);
+    async fn run(&self, args: &Args) -> Result<Vec<i64>, StorageError> {
         let call = async {
-            match self.call(&args).await {
+            match self.call(args).await {
                 // A refused connection means the command was not sent: it
                 // may be the refusal that an earlier reconnect attempt left
                 // behind (during an outage that has ended since), so one
                 // more try reconnects now rather than failing this decision.
-                Err(e) if e.is_connection_refusal() => self.call(&args).await,
+                Err(e) if e.is_connection_refusal() => self.call(args).await,
                 other => other,
             }
         };
@@ -769,11 +762,7 @@ fn decode(reply: &[i64], bands: usize) -> Result<Decision, StorageError> {
             retry_after_ns: micros_to_nanos(band[2]),
         });
     }
-    Ok(Decision {
-        allowed: reply[0] == 1,
-        now: micros_to_nanos(reply[1]),
-        bands: states,
-    })
+    Ok(Decision::new(reply[0] == 1, micros_to_nanos(reply[1]), states))
 }
 
 fn check_bands(bands: &[Quota]) -> Result<(), StorageError> {
@@ -786,20 +775,30 @@ fn check_bands(bands: &[Quota]) -> Result<(), StorageError> {
     Ok(())
 }
 
-#[async_trait::async_trait]
 impl Storage for RedisStorage {
-    async fn check(&self, key: StorageKey<'_>, bands: &[Quota], cost: u32) -> Result<Decision, StorageError> {
-        check_bands(bands)?;
-        let reply = self.inner.run(key, bands, false, cost).await?;
-        decode(&reply, bands.len())
-    }
-
-    async fn refund(&self, key: StorageKey<'_>, bands: &[Quota], cost: u32) -> Result<(), StorageError> {
-        check_bands(bands)?;
-        if cost == 0 || bands.iter().all(Quota::is_unlimited) {
-            return Ok(());
+    fn decide(&self, key: StorageKey<'_>, bands: &[Quota], op: Op, _clock: &Arc<dyn Clock>) -> Decide {
+        if let Err(e) = check_bands(bands) {
+            return Decide::ready(Err(e));
         }
-        self.inner.run(key, bands, true, cost).await.map(drop)
+        let (refund, units) = match op {
+            Op::Charge(cost) => (false, cost),
+            Op::Refund(units) => (true, units),
+        };
+        if refund && (units == 0 || bands.iter().all(Quota::is_unlimited)) {
+            return Decide::ready(Ok(Decision::new(true, 0, BandStates::new())));
+        }
+        // The key names and arguments are made now: the future owns them.
+        let args = self.inner.script_args(key, bands, refund, units);
+        let inner = self.inner.clone();
+        let n = bands.len();
+        Decide::pending(async move {
+            let reply = inner.run(&args).await?;
+            if refund {
+                let now = reply.get(1).copied().map_or(0, micros_to_nanos);
+                return Ok(Decision::new(true, now, BandStates::new()));
+            }
+            decode(&reply, n)
+        })
     }
 }
 

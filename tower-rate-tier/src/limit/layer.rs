@@ -6,99 +6,20 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::request::Parts;
-use http::{HeaderMap, Response, StatusCode};
+use http::{HeaderMap, Response};
 use tower_layer::Layer;
 
-use crate::cost::Learned;
+use super::service::TierLimitService;
+use crate::cost::Ledger;
+use crate::event::RateLimitEvent;
 use crate::identity::{TierIdentifier, TierIdentity};
-use crate::service::TierLimitService;
-use crate::storage::StorageError;
+use crate::policy::{OnStorageError, OnUnknownTier};
+use crate::refusal::Refusals;
 use crate::tier::{RateLimited, RateTier};
-
-/// What to do when the storage fails (unreachable, timed out, full).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum OnStorageError {
-    /// Fail open: let the request through uncounted, without rate-limit
-    /// headers (the default: the limiter never becomes the outage).
-    #[default]
-    Allow,
-    /// Fail closed: answer 503 Service Unavailable.
-    Deny,
-}
-
-/// What to do when an identifier names a tier the configuration does not
-/// have.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum OnUnknownTier {
-    /// Limit the user with the default tier's quota, in their own bucket;
-    /// 403 when there is no default tier (the default policy).
-    #[default]
-    UseDefault,
-    /// Answer with this status.
-    Deny(StatusCode),
-    /// Let the request through uncounted, without rate-limit headers.
-    Allow,
-}
-
-/// Something the limiter decided that an operator may want to know; see
-/// [`TierLimitLayer::on_event`]. The same events are emitted as `tracing`
-/// events (target `tower_rate_tier`).
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum RateLimitEvent<'a> {
-    /// A request was refused with 429.
-    Limited {
-        /// The user.
-        user: &'a str,
-        /// The cost that did not fit.
-        cost: u32,
-        /// The state that refused it.
-        limited: &'a RateLimited,
-    },
-    /// A request cost more than its tier's burst and was refused with 403.
-    CostExceedsLimit {
-        /// The user.
-        user: &'a str,
-        /// The tier.
-        tier: &'a str,
-        /// The cost.
-        cost: u32,
-        /// The tier's burst.
-        limit: u32,
-    },
-    /// The storage failed; `allowed` tells what [`OnStorageError`] made of it.
-    StorageError {
-        /// The user.
-        user: &'a str,
-        /// The tier.
-        tier: &'a str,
-        /// The failure.
-        error: &'a StorageError,
-        /// Whether the request was let through.
-        allowed: bool,
-    },
-    /// The identifier named a tier that is not configured.
-    UnknownTier {
-        /// The user.
-        user: &'a str,
-        /// The unknown tier name.
-        tier: &'a str,
-    },
-    /// The client was not identified (or its user id was empty or too long).
-    Unidentified,
-    /// A route declares a cost but no limiter ran before it; it was refused
-    /// with 500.
-    MissingLimiter {
-        /// The declared cost.
-        cost: u32,
-    },
-}
 
 pub(crate) type HeadersFn = dyn Fn(&HeaderMap) -> Option<TierIdentity> + Send + Sync;
 pub(crate) type PartsFn = dyn Fn(&Parts) -> Option<TierIdentity> + Send + Sync;
 pub(crate) type CostFn = dyn Fn(&Parts) -> Option<u32> + Send + Sync;
-pub(crate) type EventFn = dyn Fn(&RateLimitEvent<'_>) + Send + Sync;
-pub(crate) type LimitedFn = dyn Fn(&RateLimited) -> Response<Bytes> + Send + Sync;
 
 #[derive(Clone)]
 pub(crate) enum Identify {
@@ -108,20 +29,17 @@ pub(crate) enum Identify {
     Async(Arc<dyn TierIdentifier>),
 }
 
-/// Everything a [`TierLimitService`] and the per-request charges share.
+/// Everything a [`TierLimitService`] needs; the per-request charges share
+/// its [`Ledger`].
 #[derive(Clone)]
 pub(crate) struct Shared {
-    pub(crate) tiers: RateTier,
+    pub(crate) ledger: Arc<Ledger>,
     pub(crate) identify: Identify,
-    pub(crate) on_storage_error: OnStorageError,
     pub(crate) on_unknown_tier: OnUnknownTier,
     pub(crate) cost_fn: Option<Arc<CostFn>>,
-    pub(crate) on_event: Option<Arc<EventFn>>,
-    pub(crate) on_limited: Option<Arc<LimitedFn>>,
     pub(crate) trusted_proxies: Arc<[IpAddr]>,
-    pub(crate) learned: Arc<Learned>,
     #[cfg(feature = "buffered-body")]
-    pub(crate) body: crate::body::BodyLimits,
+    pub(crate) body: super::buffered::BodyLimits,
 }
 
 /// A tower [`Layer`] that rate-limits requests by tier.
@@ -169,23 +87,28 @@ impl TierLimitLayer {
     pub fn new(tiers: RateTier) -> Self {
         TierLimitLayer {
             shared: Arc::new(Shared {
-                tiers,
+                ledger: Arc::new(Ledger {
+                    tiers,
+                    refusals: Refusals::default(),
+                    learned: Arc::default(),
+                }),
                 identify: Identify::Nobody,
-                on_storage_error: OnStorageError::default(),
                 on_unknown_tier: OnUnknownTier::default(),
                 cost_fn: None,
-                on_event: None,
-                on_limited: None,
                 trusted_proxies: Arc::new([]),
-                learned: Arc::default(),
                 #[cfg(feature = "buffered-body")]
-                body: crate::body::BodyLimits::default(),
+                body: super::buffered::BodyLimits::default(),
             }),
         }
     }
 
     pub(crate) fn config(&mut self) -> &mut Shared {
         Arc::make_mut(&mut self.shared)
+    }
+
+    /// The refusal settings, which the charges share.
+    fn refusals(&mut self) -> &mut Refusals {
+        &mut Arc::make_mut(&mut self.config().ledger).refusals
     }
 
     /// Identifies clients with a closure over the request headers. It runs
@@ -220,7 +143,7 @@ impl TierLimitLayer {
 
     /// The policy for storage failures (default [`OnStorageError::Allow`]).
     pub fn on_storage_error(mut self, policy: OnStorageError) -> Self {
-        self.config().on_storage_error = policy;
+        self.refusals().on_storage_error = policy;
         self
     }
 
@@ -263,7 +186,7 @@ impl TierLimitLayer {
     where
         F: Fn(&RateLimitEvent<'_>) + Send + Sync + 'static,
     {
-        self.config().on_event = Some(Arc::new(f));
+        self.refusals().on_event = Some(Arc::new(f));
         self
     }
 
@@ -273,7 +196,7 @@ impl TierLimitLayer {
     where
         F: Fn(&RateLimited) -> Response<Bytes> + Send + Sync + 'static,
     {
-        self.config().on_limited = Some(Arc::new(f));
+        self.refusals().on_limited = Some(Arc::new(f));
         self
     }
 
@@ -286,7 +209,7 @@ impl TierLimitLayer {
 
     /// The tiers this layer limits with.
     pub fn tiers(&self) -> &RateTier {
-        &self.shared.tiers
+        &self.shared.ledger.tiers
     }
 }
 
@@ -301,8 +224,8 @@ impl<S> Layer<S> for TierLimitLayer {
 impl fmt::Debug for TierLimitLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TierLimitLayer")
-            .field("tiers", &self.shared.tiers)
-            .field("on_storage_error", &self.shared.on_storage_error)
+            .field("tiers", &self.shared.ledger.tiers)
+            .field("on_storage_error", &self.shared.ledger.refusals.on_storage_error)
             .field("on_unknown_tier", &self.shared.on_unknown_tier)
             .field("trusted_proxies", &self.shared.trusted_proxies)
             .finish_non_exhaustive()

@@ -6,15 +6,18 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
+use bytes::Bytes;
 use http::Response;
 use pin_project_lite::pin_project;
 
-use crate::cost::{Charge, Scope};
+use crate::body::ResponseBody;
+use crate::cost::Charge;
 
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 pin_project! {
-    /// The response future of [`TierLimitService`](crate::TierLimitService).
+    /// The response future of [`TierLimitService`](crate::TierLimitService)
+    /// and [`BufferedTierLimitService`](crate::BufferedTierLimitService).
     pub struct ResponseFuture<F, B, E> {
         #[pin]
         kind: Kind<F, B, E>,
@@ -24,12 +27,14 @@ pin_project! {
 pin_project! {
     #[project = KindProj]
     enum Kind<F, B, E> {
-        // Admitted: the inner service runs; headers are added on the way out.
+        // Admitted at once: the inner service runs; headers are added on the
+        // way out.
         Inner { #[pin] future: F, charge: Option<Arc<Charge>> },
         // Refused: the inner service was never called.
-        Refused { response: Option<Response<B>> },
-        // The identifier or the storage waits.
-        Boxed { future: BoxFuture<Result<Response<B>, E>> },
+        Refused { response: Option<Response<Bytes>> },
+        // The identifier, the body or the storage waits: the whole serve
+        // path runs in a task of its own.
+        Boxed { future: BoxFuture<Result<Response<ResponseBody<B>>, E>> },
     }
 }
 
@@ -40,7 +45,7 @@ impl<F, B, E> ResponseFuture<F, B, E> {
         }
     }
 
-    pub(crate) fn refuse(response: Response<B>) -> Self {
+    pub(crate) fn refuse(response: Response<Bytes>) -> Self {
         ResponseFuture {
             kind: Kind::Refused {
                 response: Some(response),
@@ -48,36 +53,39 @@ impl<F, B, E> ResponseFuture<F, B, E> {
         }
     }
 
-    pub(crate) fn boxed(future: BoxFuture<Result<Response<B>, E>>) -> Self {
+    pub(crate) fn boxed(future: BoxFuture<Result<Response<ResponseBody<B>>, E>>) -> Self {
         ResponseFuture {
             kind: Kind::Boxed { future },
         }
     }
 }
 
+/// The inner service's response on its way out: the charge's headers added.
+pub(crate) fn finish<B>(
+    mut response: Response<B>,
+    charge: Option<&Arc<Charge>>,
+) -> Response<ResponseBody<B>> {
+    if let Some(charge) = charge {
+        charge.finish(&mut response);
+    }
+    response.map(ResponseBody::inner)
+}
+
 impl<F, B, E> Future for ResponseFuture<F, B, E>
 where
     F: Future<Output = Result<Response<B>, E>>,
 {
-    type Output = Result<Response<B>, E>;
+    type Output = Result<Response<ResponseBody<B>>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().kind.project() {
             KindProj::Inner { future, charge } => {
-                let polled = {
-                    let _scope = Scope::enter(charge.as_ref());
-                    future.poll(cx)
-                };
-                let mut response = ready!(polled)?;
-                if let Some(charge) = charge.take() {
-                    charge.finish(&mut response);
-                }
-                Poll::Ready(Ok(response))
+                let response = ready!(future.poll(cx))?;
+                Poll::Ready(Ok(finish(response, charge.take().as_ref())))
             }
             KindProj::Refused { response } => match response.take() {
-                Some(response) => Poll::Ready(Ok(response)),
-                // Polled after completion.
-                None => Poll::Pending,
+                Some(response) => Poll::Ready(Ok(response.map(ResponseBody::refusal))),
+                None => panic!("`ResponseFuture` polled after completion"),
             },
             KindProj::Boxed { future } => future.as_mut().poll(cx),
         }

@@ -1,0 +1,317 @@
+//! A request's charge: what the limiter charged at the edge, and how a
+//! route-level declaration settles the difference.
+
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use bytes::Bytes;
+use http::{Method, Response};
+use smallvec::SmallVec;
+
+use super::Source;
+use super::learned::{Learned, RouteKey};
+use crate::refusal::{Refusals, missing_limiter};
+use crate::tier::{CheckError, RateLimitInfo, RateTier, TierEntry, conclude};
+
+/// What a limiter's charges need of it: its tiers, how it refuses, and the
+/// route costs it learned.
+#[derive(Clone)]
+pub(crate) struct Ledger {
+    pub(crate) tiers: RateTier,
+    pub(crate) refusals: Refusals,
+    pub(crate) learned: Arc<Learned>,
+}
+
+/// What a charge ended as.
+#[derive(Debug, Clone)]
+pub(crate) enum Outcome {
+    /// Admitted: headers from this state.
+    Admitted(RateLimitInfo),
+    /// Refused; the response carries its own headers.
+    Refused,
+    /// Let through uncounted (policy): no headers.
+    Bypass,
+}
+
+#[derive(Debug)]
+pub(crate) struct ChargeState {
+    charged: u32,
+    source: Source,
+    outcome: Outcome,
+    /// The limiter priced the request from what it learned of the route.
+    learned: bool,
+    /// The strongest route-level declaration seen, whatever came of it.
+    declared: Option<(u32, Source)>,
+}
+
+impl ChargeState {
+    /// `charged` units charged at the limiter, set by `source`; `learned`
+    /// when priced from what the limiter learned of the route.
+    pub(crate) fn new(charged: u32, source: Source, outcome: Outcome, learned: bool) -> Self {
+        ChargeState {
+            charged,
+            source,
+            outcome,
+            learned,
+            declared: None,
+        }
+    }
+
+    /// Let through uncounted: nothing to settle, no headers.
+    pub(crate) fn bypass() -> Self {
+        ChargeState::new(0, Source::Edge, Outcome::Bypass, false)
+    }
+}
+
+/// The limiter's handle on one request's charge, shared with route-level
+/// cost declarations through the request extensions.
+pub(crate) struct Charge {
+    ledger: Arc<Ledger>,
+    user: String,
+    tier: Arc<TierEntry>,
+    route: Option<(Method, RouteKey)>,
+    state: Mutex<ChargeState>,
+}
+
+/// The charges of every limiter a request has passed (several when limiters
+/// are stacked), in the request extensions.
+#[derive(Clone, Default)]
+pub(crate) struct Charges(pub(crate) SmallVec<[Arc<Charge>; 2]>);
+
+impl Charge {
+    pub(crate) fn new(
+        ledger: Arc<Ledger>,
+        user: String,
+        tier: Arc<TierEntry>,
+        route: Option<(Method, RouteKey)>,
+        state: ChargeState,
+    ) -> Self {
+        Charge {
+            ledger,
+            user,
+            tier,
+            route,
+            state: Mutex::new(state),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, ChargeState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Called by the limiter on the way out: adds the headers of the final
+    /// state, and learns the route's declared cost (or that a route that
+    /// answered successfully declares none).
+    pub(crate) fn finish<B>(&self, response: &mut Response<B>) {
+        let state = self.lock();
+        if let Outcome::Admitted(info) = &state.outcome {
+            crate::response::apply_info_headers(response.headers_mut(), info);
+        }
+        let Some((method, path)) = &self.route else {
+            return;
+        };
+        let learned = &self.ledger.learned;
+        match state.declared {
+            // Learned also from refused requests, so that a cost above the
+            // burst is answered 403 at once next time.
+            Some((cost, source)) => {
+                let provisional = matches!(state.outcome, Outcome::Refused);
+                learned.set(method, path, cost, source, provisional)
+            }
+            None if state.source == Source::Default && !state.learned && response.status().is_success() => {
+                learned.set(method, path, 1, Source::Default, false)
+            }
+            None => {}
+        }
+    }
+
+    /// Records `declared` (by `source`) and says whether the charge already
+    /// matches it: `None` when it does (nothing to ask the storage), else
+    /// the units charged so far.
+    fn note(&self, declared: u32, source: Source) -> Option<u32> {
+        let mut state = self.lock();
+        if state.declared.is_none_or(|(_, s)| s <= source) {
+            state.declared = Some((declared, source));
+        }
+        if source < state.source {
+            return None;
+        }
+        if state.charged == declared {
+            state.source = source;
+            return None;
+        }
+        Some(state.charged)
+    }
+
+    /// Brings the charge from `charged` to `declared`, as declared by
+    /// `source`. `Err` is the refusal to answer with; nothing is then
+    /// consumed.
+    async fn settle(&self, charged: u32, declared: u32, source: Source) -> Result<(), Response<Bytes>> {
+        let tiers = &self.ledger.tiers;
+        if declared < charged {
+            let excess = charged - declared;
+            match tiers.give_back(&self.user, &self.tier, excess).await {
+                Ok(()) => {
+                    let mut state = self.lock();
+                    state.charged = declared;
+                    state.source = source;
+                    if let Outcome::Admitted(info) = &mut state.outcome {
+                        info.refunded(excess);
+                    }
+                }
+                // Over-charged rather than under-charged; still admitted.
+                Err(e) => tracing::warn!(error = %e, "rate-limit refund failed"),
+            }
+            return Ok(());
+        }
+        match self.charge(declared - charged).await {
+            Ok(Ok(info)) => {
+                self.admitted(declared, source, info);
+                Ok(())
+            }
+            Err(CheckError::Storage(error)) => self.storage_failed(&error, charged).await,
+            Ok(Err(_)) | Err(_) => {
+                // Give the pre-charge back and decide the whole cost afresh, so
+                // that the answer and its headers are exact.
+                self.give_back(charged).await;
+                self.lock().charged = 0;
+                match self.charge(declared).await {
+                    Ok(Ok(info)) => {
+                        self.admitted(declared, source, info);
+                        Ok(())
+                    }
+                    Ok(Err(limited)) => {
+                        self.refuse();
+                        Err(self.ledger.refusals.limited(&self.user, declared, &limited))
+                    }
+                    Err(CheckError::Storage(error)) => self.storage_failed(&error, 0).await,
+                    Err(error) => {
+                        self.refuse();
+                        Err(self
+                            .ledger
+                            .refusals
+                            .check_failed(&self.user, &self.tier.name, declared, &error))
+                    }
+                }
+            }
+        }
+    }
+
+    async fn charge(&self, cost: u32) -> crate::tier::CheckResult {
+        match self.ledger.tiers.begin(&self.user, &self.tier, cost) {
+            Ok(decide) => conclude(&self.tier, decide.await),
+            Err(answered) => answered,
+        }
+    }
+
+    async fn give_back(&self, units: u32) {
+        if let Err(e) = self.ledger.tiers.give_back(&self.user, &self.tier, units).await {
+            tracing::warn!(error = %e, "rate-limit refund failed");
+        }
+    }
+
+    fn admitted(&self, charged: u32, source: Source, info: RateLimitInfo) {
+        let mut state = self.lock();
+        state.charged = charged;
+        state.source = source;
+        state.outcome = Outcome::Admitted(info);
+    }
+
+    async fn storage_failed(
+        &self,
+        error: &crate::storage::StorageError,
+        charged: u32,
+    ) -> Result<(), Response<Bytes>> {
+        match self
+            .ledger
+            .refusals
+            .storage_failed(&self.user, &self.tier.name, error)
+        {
+            None => {
+                let mut state = self.lock();
+                state.source = Source::Edge;
+                state.outcome = Outcome::Bypass;
+                Ok(())
+            }
+            Some(refusal) => {
+                if charged > 0 {
+                    self.give_back(charged).await;
+                }
+                self.refuse();
+                Err(refusal)
+            }
+        }
+    }
+
+    fn refuse(&self) {
+        let mut state = self.lock();
+        state.charged = 0;
+        state.source = Source::Edge;
+        state.outcome = Outcome::Refused;
+    }
+}
+
+impl fmt::Debug for Charge {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Charge")
+            .field("user", &self.user)
+            .field("state", &*self.lock())
+            .finish_non_exhaustive()
+    }
+}
+
+impl fmt::Debug for Charges {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.0.iter()).finish()
+    }
+}
+
+/// A route-level declaration of `declared` units, by `source`, against the
+/// charges of every limiter the request passed.
+pub(crate) enum Settlement {
+    /// Every charge already matches: nothing to ask the storage.
+    Done,
+    /// No limiter ran before the declaration: the 500 to answer with.
+    NoLimiter(Response<Bytes>),
+    /// Some charge must be topped up or refunded: [`Settlement::run`].
+    Storage(Charges, SmallVec<[Option<u32>; 2]>),
+}
+
+impl Settlement {
+    /// Looks at every charge of the request.
+    pub(crate) fn of(charges: Option<&Charges>, declared: u32, source: Source) -> Self {
+        let Some(charges) = charges.filter(|c| !c.0.is_empty()) else {
+            return Settlement::NoLimiter(missing_limiter(declared));
+        };
+        let pending: SmallVec<[Option<u32>; 2]> =
+            charges.0.iter().map(|c| c.note(declared, source)).collect();
+        if pending.iter().all(Option::is_none) {
+            return Settlement::Done;
+        }
+        Settlement::Storage(charges.clone(), pending)
+    }
+
+    /// Settles every charge that needs it, in order; a refusal undoes the
+    /// settlements already made.
+    pub(crate) async fn run(self, declared: u32, source: Source) -> Result<(), Response<Bytes>> {
+        let (charges, pending) = match self {
+            Settlement::Done => return Ok(()),
+            Settlement::NoLimiter(refusal) => return Err(refusal),
+            Settlement::Storage(charges, pending) => (charges, pending),
+        };
+        for (i, (charge, charged)) in charges.0.iter().zip(&pending).enumerate() {
+            let Some(charged) = *charged else { continue };
+            if let Err(refusal) = charge.settle(charged, declared, source).await {
+                for (earlier, was) in charges.0[..i].iter().zip(&pending) {
+                    let now = earlier.lock().charged;
+                    let was = was.unwrap_or(now);
+                    if now > was {
+                        earlier.give_back(now - was).await;
+                    }
+                }
+                return Err(refusal);
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,154 @@
+//! The values of the rate-limit header fields.
+//!
+//! What depends only on a tier (its `RateLimit-Policy`, each band's
+//! `X-RateLimit-Limit`, the item names of `RateLimit`) is rendered once when
+//! the tier is built ([`TierHeaders`]); the numbers that change with every
+//! decision are written with `itoa` into a stack buffer.
+
+use http::header::{HeaderName, HeaderValue};
+
+use crate::quota::Quota;
+use crate::storage::BandState;
+
+/// `X-RateLimit-Limit`.
+pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+/// `X-RateLimit-Remaining`.
+pub const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+/// `X-RateLimit-Reset`.
+pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+/// `RateLimit-Policy` (IETF draft).
+pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+/// `RateLimit` (IETF draft).
+pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+
+/// The header values of one tier that do not change between decisions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TierHeaders {
+    /// `RateLimit-Policy`: every band's item.
+    pub(crate) policy: Option<HeaderValue>,
+    /// `X-RateLimit-Limit` of each band: its burst.
+    pub(crate) limits: Box<[HeaderValue]>,
+    /// Each band's `RateLimit` item name as an RFC 8941 string (`"free"`,
+    /// or `"free.0"` in a multi-band tier).
+    items: Box<[Box<str>]>,
+}
+
+impl TierHeaders {
+    /// The values of the tier `name` with `bands`.
+    pub(crate) fn new(name: &str, bands: &[Quota]) -> Self {
+        let items: Box<[Box<str>]> = (0..bands.len())
+            .map(|i| item_name(name, bands.len(), i).into_boxed_str())
+            .collect();
+        let mut policy = String::with_capacity(32);
+        for (i, (quota, item)) in bands.iter().zip(&items).enumerate() {
+            if i > 0 {
+                policy.push_str(", ");
+            }
+            policy.push_str(item);
+            policy.push_str(";q=");
+            policy.push_str(itoa::Buffer::new().format(quota.burst()));
+            policy.push_str(";w=");
+            policy.push_str(itoa::Buffer::new().format(quota.window_secs()));
+        }
+        TierHeaders {
+            policy: HeaderValue::try_from(policy).ok(),
+            limits: bands.iter().map(|q| number(u64::from(q.burst()))).collect(),
+            items,
+        }
+    }
+
+    /// The `RateLimit` value for the bands' states.
+    pub(crate) fn ratelimit(&self, states: &[BandState]) -> Option<HeaderValue> {
+        let mut out = String::with_capacity(24 * states.len());
+        for (i, (state, item)) in states.iter().zip(&self.items).enumerate() {
+            if i > 0 {
+                out.push_str(", ");
+            }
+            out.push_str(item);
+            out.push_str(";r=");
+            out.push_str(itoa::Buffer::new().format(state.remaining));
+            out.push_str(";t=");
+            out.push_str(itoa::Buffer::new().format(secs_ceil(state.reset_after_ns)));
+        }
+        HeaderValue::try_from(out).ok()
+    }
+}
+
+/// Whole seconds, rounded up.
+pub(crate) fn secs_ceil(nanos: u64) -> u64 {
+    nanos.div_ceil(1_000_000_000)
+}
+
+/// A number as a header value.
+pub(crate) fn number(n: u64) -> HeaderValue {
+    HeaderValue::from(n)
+}
+
+fn item_name(tier: &str, bands: usize, index: usize) -> String {
+    let mut out = String::with_capacity(tier.len() + 5);
+    if bands == 1 {
+        push_sf_string(&mut out, tier);
+    } else {
+        let mut name = String::with_capacity(tier.len() + 3);
+        name.push_str(tier);
+        name.push('.');
+        name.push_str(itoa::Buffer::new().format(index));
+        push_sf_string(&mut out, &name);
+    }
+    out
+}
+
+/// A tier name as an RFC 8941 string: printable ASCII, with `"` and `\`
+/// escaped; anything else becomes `?`.
+fn push_sf_string(out: &mut String, name: &str) {
+    out.push('"');
+    for c in name.chars() {
+        match c {
+            '"' | '\\' => {
+                out.push('\\');
+                out.push(c);
+            }
+            ' '..='~' => out.push(c),
+            _ => out.push('?'),
+        }
+    }
+    out.push('"');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sf_strings_are_escaped() {
+        let mut s = String::new();
+        push_sf_string(&mut s, "a\"b\\c\u{e9}\n");
+        assert_eq!(s, r#""a\"b\\c??""#);
+    }
+
+    #[test]
+    fn tier_values_are_rendered_once() {
+        let h = TierHeaders::new("free", &[Quota::per_second(5), Quota::per_day(100)]);
+        assert_eq!(
+            h.policy.as_ref().map(|v| v.to_str().unwrap_or_default()),
+            Some(r#""free.0";q=5;w=1, "free.1";q=100;w=86400"#)
+        );
+        assert_eq!(h.limits[1], "100");
+        let states = [
+            BandState {
+                remaining: 4,
+                reset_after_ns: 1,
+                retry_after_ns: 0,
+            },
+            BandState {
+                remaining: 99,
+                reset_after_ns: 864_000_000_000,
+                retry_after_ns: 0,
+            },
+        ];
+        assert_eq!(
+            h.ratelimit(&states).unwrap(),
+            r#""free.0";r=4;t=1, "free.1";r=99;t=864"#
+        );
+    }
+}

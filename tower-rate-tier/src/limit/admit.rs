@@ -1,0 +1,360 @@
+//! Admission: who is calling, which tier, what the request costs, and what
+//! the storage says.
+
+use std::sync::Arc;
+
+use http::request::Parts;
+use http::{Extensions, HeaderMap, Method, Request, StatusCode};
+
+use super::layer::{Identify, Shared};
+use crate::cost::{Charge, ChargeState, Charges, Outcome, RouteKey, Source, TierCost};
+use crate::event::RateLimitEvent;
+use crate::identity::{TierIdentity, client_ip_of};
+use crate::policy::{OnMissing, OnUnknownTier};
+use crate::problem::problem;
+use crate::storage::Decide;
+use crate::tier::{CheckError, CheckResult, MAX_USER_ID_LEN, TierEntry, conclude};
+
+/// Keys of unidentified clients start with a NUL, which no valid identity
+/// does: anonymous buckets never share the key space of user ids.
+const ANONYMOUS_PREFIX: &str = "\0";
+
+/// What the limiter decided about a request.
+pub(crate) enum Admission {
+    /// Call the inner service; the charge adds headers on the way out.
+    Pass(Option<Arc<Charge>>),
+    /// Answer without calling the inner service.
+    Refuse(http::Response<bytes::Bytes>),
+}
+
+/// Puts a charge where route-level declarations find it: the request
+/// extensions, after those of limiters that ran before.
+fn attach(head: &mut impl Head, charge: &Arc<Charge>) {
+    let extensions = head.extensions_mut();
+    match extensions.get_mut::<Charges>() {
+        Some(charges) => charges.0.push(charge.clone()),
+        None => {
+            let mut charges = Charges::default();
+            charges.0.push(charge.clone());
+            extensions.insert(charges);
+        }
+    }
+}
+
+/// The parts of a request head the limiter reads and writes: [`Parts`], or a
+/// whole [`Request`] read in place (no split, no move of the head).
+pub(crate) trait Head {
+    #[cfg_attr(not(feature = "axum"), allow(dead_code))]
+    fn method(&self) -> &Method;
+    fn headers(&self) -> &HeaderMap;
+    fn extensions(&self) -> &Extensions;
+    fn extensions_mut(&mut self) -> &mut Extensions;
+    /// The head as `Parts`, for the user's functions of `&Parts`.
+    fn parts(&self) -> Option<&Parts>;
+}
+
+impl Head for Parts {
+    fn method(&self) -> &Method {
+        &self.method
+    }
+    fn headers(&self) -> &HeaderMap {
+        &self.headers
+    }
+    fn extensions(&self) -> &Extensions {
+        &self.extensions
+    }
+    fn extensions_mut(&mut self) -> &mut Extensions {
+        &mut self.extensions
+    }
+    fn parts(&self) -> Option<&Parts> {
+        Some(self)
+    }
+}
+
+impl<B> Head for Request<B> {
+    fn method(&self) -> &Method {
+        self.method()
+    }
+    fn headers(&self) -> &HeaderMap {
+        self.headers()
+    }
+    fn extensions(&self) -> &Extensions {
+        self.extensions()
+    }
+    fn extensions_mut(&mut self) -> &mut Extensions {
+        self.extensions_mut()
+    }
+    fn parts(&self) -> Option<&Parts> {
+        None
+    }
+}
+
+/// Who pays how much, before the storage is asked.
+pub(crate) struct Bill {
+    user: String,
+    pub(crate) tier: Arc<TierEntry>,
+    cost: u32,
+    source: Source,
+    priced: Priced,
+}
+
+/// Where the limiter's price of a request comes from.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Priced {
+    /// Not from what it learned of the route.
+    Fresh,
+    /// From the route's learned cost.
+    Learned,
+    /// From a cost learned from a refused request, whose later declarations
+    /// may not have run: the route is learned again.
+    #[cfg_attr(not(feature = "axum"), allow(dead_code))]
+    Provisional,
+}
+
+impl Shared {
+    /// The identity, when the identifier answers without waiting (`None`
+    /// for an identifier that waits). A function of the whole head needs
+    /// `head` to be [`Parts`].
+    pub(crate) fn identify_now(&self, head: &impl Head) -> Option<Option<TierIdentity>> {
+        match &self.identify {
+            Identify::Nobody => Some(None),
+            Identify::Headers(f) => Some(f(head.headers())),
+            Identify::Parts(f) => head.parts().map(|parts| f(parts)),
+            Identify::Async(_) => None,
+        }
+    }
+
+    /// Whether the limiter reads more of a request than its headers and
+    /// extensions (the request is then split into [`Parts`]).
+    pub(crate) fn reads_parts(&self) -> bool {
+        matches!(self.identify, Identify::Parts(_)) || self.cost_fn.is_some()
+    }
+
+    /// The identity, waiting for the identifier if it must.
+    pub(crate) async fn identify(&self, parts: &Parts) -> Option<TierIdentity> {
+        match &self.identify {
+            Identify::Async(identifier) => identifier.identify_parts(parts).await,
+            _ => self.identify_now(parts).flatten(),
+        }
+    }
+
+    /// Asks the storage to decide the bill: the outcome, or the storage's
+    /// answer to wait for.
+    pub(crate) fn decide(&self, bill: &Bill) -> Result<CheckResult, Decide> {
+        match self.ledger.tiers.begin(&bill.user, &bill.tier, bill.cost) {
+            Err(answered) => Ok(answered),
+            Ok(decide) => decide.into_ready().map(|decision| conclude(&bill.tier, decision)),
+        }
+    }
+
+    /// Who pays how much, or the answer when the request is not charged.
+    pub(crate) fn bill(
+        self: &Arc<Self>,
+        head: &mut impl Head,
+        identity: Option<TierIdentity>,
+    ) -> Result<Bill, Admission> {
+        // Ids starting with the anonymous prefix are refused, so that no
+        // identifier can hand a client another address's bucket.
+        let identity = identity.filter(|i| {
+            !i.user_id.is_empty()
+                && i.user_id.len() <= MAX_USER_ID_LEN
+                && !i.user_id.starts_with(ANONYMOUS_PREFIX)
+        });
+        let (user, tier) = match identity {
+            Some(identity) => match self.ledger.tiers.resolve(&identity.tier) {
+                Some(tier) => (identity.user_id, tier.clone()),
+                None => {
+                    let id = self.unknown_tier(head, &identity)?;
+                    (identity.user_id, id)
+                }
+            },
+            None => self.unidentified(head)?,
+        };
+        let (cost, source, priced) = self.edge_cost(head);
+        Ok(Bill {
+            user,
+            tier,
+            cost,
+            source,
+            priced,
+        })
+    }
+
+    /// The admission of a charged request, from the storage's answer.
+    pub(crate) fn conclude(
+        self: &Arc<Self>,
+        head: &mut impl Head,
+        bill: Bill,
+        result: CheckResult,
+    ) -> Admission {
+        let Bill {
+            user,
+            tier,
+            cost,
+            source,
+            priced,
+        } = bill;
+        let learned = priced != Priced::Fresh;
+        match result {
+            Ok(Ok(info)) => {
+                // A route whose cost is learned needs no more learning: a
+                // declaration that still runs there is settled, not learned
+                // (so a declaration behind a condition never re-prices the
+                // requests that skip it).
+                let route = if priced == Priced::Learned {
+                    None
+                } else {
+                    self.route_key(head)
+                };
+                let (outcome, source) = if info.is_unlimited() {
+                    (Outcome::Bypass, Source::Edge)
+                } else {
+                    (Outcome::Admitted(info), source)
+                };
+                let state = ChargeState::new(cost, source, outcome, learned);
+                let charge = Arc::new(Charge::new(self.ledger.clone(), user, tier, route, state));
+                attach(head, &charge);
+                Admission::Pass(Some(charge))
+            }
+            Ok(Err(limited)) => Admission::Refuse(self.ledger.refusals.limited(&user, cost, &limited)),
+            Err(CheckError::Storage(error)) => {
+                match self.ledger.refusals.storage_failed(&user, &tier.name, &error) {
+                    None => self.bypass(head, user, tier),
+                    Some(refusal) => Admission::Refuse(refusal),
+                }
+            }
+            Err(error) => {
+                Admission::Refuse(self.ledger.refusals.check_failed(&user, &tier.name, cost, &error))
+            }
+        }
+    }
+
+    /// Lets a request through uncounted, still marking it as seen by a
+    /// limiter (so route-level costs do not fail closed).
+    fn bypass(self: &Arc<Self>, head: &mut impl Head, user: String, tier: Arc<TierEntry>) -> Admission {
+        let charge = Arc::new(Charge::new(
+            self.ledger.clone(),
+            user,
+            tier,
+            None,
+            ChargeState::bypass(),
+        ));
+        attach(head, &charge);
+        Admission::Pass(Some(charge))
+    }
+
+    /// The cost known before the route runs, who set it, and whether it
+    /// was learned from earlier requests to the route.
+    fn edge_cost(&self, head: &impl Head) -> (u32, Source, Priced) {
+        // `call` reads the head in place only without a cost function.
+        debug_assert!(self.cost_fn.is_none() || head.parts().is_some());
+        let extensions = head.extensions();
+        if let Some(TierCost(cost)) = extensions.get::<TierCost>() {
+            return (*cost, Source::Edge, Priced::Fresh);
+        }
+        if let Some(cost) = self.cost_fn.as_ref().and_then(|f| f(head.parts()?)) {
+            return (cost, Source::Edge, Priced::Fresh);
+        }
+        #[cfg(feature = "axum")]
+        if let Some(path) = extensions.get::<axum::extract::MatchedPath>() {
+            if let Some((cost, source, provisional)) = self.ledger.learned.get(head.method(), path) {
+                let priced = if provisional {
+                    Priced::Provisional
+                } else {
+                    Priced::Learned
+                };
+                return (cost, source, priced);
+            }
+        }
+        (1, Source::Default, Priced::Fresh)
+    }
+
+    #[cfg(feature = "axum")]
+    fn route_key(&self, head: &impl Head) -> Option<(http::Method, RouteKey)> {
+        let path = head.extensions().get::<axum::extract::MatchedPath>()?;
+        Some((head.method().clone(), path.clone()))
+    }
+
+    #[cfg(not(feature = "axum"))]
+    fn route_key(&self, _head: &impl Head) -> Option<(http::Method, RouteKey)> {
+        None
+    }
+
+    fn unknown_tier(
+        self: &Arc<Self>,
+        head: &mut impl Head,
+        identity: &TierIdentity,
+    ) -> Result<Arc<TierEntry>, Admission> {
+        let (user, tier) = (&*identity.user_id, &*identity.tier);
+        tracing::warn!(target: "tower_rate_tier", user, tier, policy = ?self.on_unknown_tier, "unknown tier");
+        self.ledger
+            .refusals
+            .event(&RateLimitEvent::UnknownTier { user, tier });
+        match self.on_unknown_tier {
+            OnUnknownTier::UseDefault => self.ledger.tiers.default_entry().cloned().ok_or_else(|| {
+                Admission::Refuse(problem(
+                    StatusCode::FORBIDDEN,
+                    "the client's tier is not configured and there is no default tier",
+                    serde_json::Value::Null,
+                ))
+            }),
+            OnUnknownTier::Deny(status) => Err(Admission::Refuse(problem(
+                status,
+                "the client's tier is not configured",
+                serde_json::Value::Null,
+            ))),
+            OnUnknownTier::Allow => Err(Admission::Pass(self.pass_uncounted(head))),
+        }
+    }
+
+    fn unidentified(self: &Arc<Self>, head: &mut impl Head) -> Result<(String, Arc<TierEntry>), Admission> {
+        let tiers = &self.ledger.tiers;
+        tracing::debug!(target: "tower_rate_tier", policy = ?tiers.on_missing(), "client not identified");
+        self.ledger.refusals.event(&RateLimitEvent::Unidentified);
+        match tiers.on_missing() {
+            OnMissing::UseDefault => match tiers.default_entry() {
+                Some(tier) => {
+                    let user = match client_ip_of(head.headers(), head.extensions(), &self.trusted_proxies) {
+                        Some(ip) => {
+                            let mut user = String::with_capacity(48);
+                            user.push_str(ANONYMOUS_PREFIX);
+                            user.push_str("ip:");
+                            user.push_str(&ip.to_string());
+                            user
+                        }
+                        None => [ANONYMOUS_PREFIX, "anonymous"].concat(),
+                    };
+                    Ok((user, tier.clone()))
+                }
+                None => Err(Admission::Refuse(problem(
+                    StatusCode::FORBIDDEN,
+                    "the client is not identified and there is no default tier",
+                    serde_json::Value::Null,
+                ))),
+            },
+            OnMissing::Allow => Err(Admission::Pass(self.pass_uncounted(head))),
+            OnMissing::Deny(status) => Err(Admission::Refuse(problem(
+                status,
+                "the client is not identified",
+                serde_json::Value::Null,
+            ))),
+        }
+    }
+
+    /// A request let through uncounted by policy: marked as seen by the
+    /// limiter, so that route-level costs do not fail closed.
+    fn pass_uncounted(self: &Arc<Self>, head: &mut impl Head) -> Option<Arc<Charge>> {
+        let tiers = &self.ledger.tiers;
+        let tier = tiers.default_entry().or_else(|| tiers.first_entry())?.clone();
+        let charge = Charge::new(
+            self.ledger.clone(),
+            String::new(),
+            tier,
+            None,
+            ChargeState::bypass(),
+        );
+        let charge = Arc::new(charge);
+        attach(head, &charge);
+        Some(charge)
+    }
+}

@@ -1,0 +1,240 @@
+//! Identification from the request body (feature `buffered-body`):
+//! [`BufferedTierLimitLayer`].
+//!
+//! [`TierLimitLayer::buffer_body(true)`](crate::TierLimitLayer::buffer_body)
+//! returns a [`BufferedTierLimitLayer`]: it reads the body (up to
+//! [`max_body_size`](BufferedTierLimitLayer::max_body_size), default 64 KiB,
+//! within [`body_timeout`](BufferedTierLimitLayer::body_timeout), default
+//! 10 s), hands it to
+//! [`TierIdentifier::identify_with_body`](crate::TierIdentifier::identify_with_body),
+//! and passes it on intact to the inner service. The request body type must
+//! be buildable from [`Bytes`] (axum's `Body` is; hyper's `Incoming` is not:
+//! map it to a `Full<Bytes>` or axum `Body` first).
+//!
+//! | body | answer |
+//! | --- | --- |
+//! | larger than the limit (declared or streamed) | 413, identifier and inner service not called |
+//! | stalls longer than the timeout | 408 |
+//! | fails mid-stream | 400 |
+//!
+//! ```
+//! # #[cfg(feature = "axum")]
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! use axum::{Router, body::Body, routing::post};
+//! use bytes::Bytes;
+//! use http::{HeaderMap, Request, StatusCode};
+//! use tower::ServiceExt;
+//! use tower_rate_tier::{Quota, RateTier, TierIdentifier, TierIdentity, TierLimitLayer};
+//!
+//! /// The API key is the body's `key=` form field.
+//! struct KeyInBody;
+//!
+//! #[tower_rate_tier::async_trait]
+//! impl TierIdentifier for KeyInBody {
+//!     async fn identify(&self, _headers: &HeaderMap) -> Option<TierIdentity> {
+//!         None
+//!     }
+//!     async fn identify_with_body(&self, _headers: &HeaderMap, body: &Bytes) -> Option<TierIdentity> {
+//!         let key = std::str::from_utf8(body).ok()?.strip_prefix("key=")?;
+//!         Some(TierIdentity::new(key, "free"))
+//!     }
+//! }
+//!
+//! let tiers = RateTier::builder().tier("free", Quota::per_minute(1)).build();
+//! let app = Router::new()
+//!     .route("/", post(|body: String| async move { body })) // the body arrives intact
+//!     .layer(TierLimitLayer::new(tiers).identifier(KeyInBody).buffer_body(true).max_body_size(1024));
+//! let send = |body: String| app.clone().oneshot(Request::post("/").body(Body::from(body)).unwrap());
+//!
+//! assert_eq!(send("key=ada".into()).await.unwrap().status(), StatusCode::OK);
+//! assert_eq!(send("key=ada".into()).await.unwrap().status(), StatusCode::TOO_MANY_REQUESTS);
+//! assert_eq!(send("key=bob".into()).await.unwrap().status(), StatusCode::OK);
+//! assert_eq!(send("x".repeat(2048)).await.unwrap().status(), StatusCode::PAYLOAD_TOO_LARGE);
+//! # }
+//! # #[cfg(not(feature = "axum"))]
+//! # fn main() {}
+//! ```
+
+use std::fmt;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body::Body as HttpBody;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use tower_layer::Layer;
+use tower_service::Service;
+
+use super::future::ResponseFuture;
+use super::layer::{Identify, TierLimitLayer};
+use super::service::{Start, TierLimitService, serve};
+use crate::body::ResponseBody;
+use crate::problem::problem;
+
+/// Body buffering limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct BodyLimits {
+    pub(crate) max: usize,
+    pub(crate) timeout: Duration,
+}
+
+impl Default for BodyLimits {
+    fn default() -> Self {
+        BodyLimits {
+            max: 64 * 1024,
+            timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl TierLimitLayer {
+    /// Buffers request bodies so the identifier can read them (see
+    /// [`BufferedTierLimitLayer`]). `false` gives a layer that behaves like this one.
+    pub fn buffer_body(self, buffer: bool) -> BufferedTierLimitLayer {
+        BufferedTierLimitLayer { layer: self, buffer }
+    }
+}
+
+/// A [`TierLimitLayer`] that buffers request bodies for identification.
+#[derive(Clone, Debug)]
+pub struct BufferedTierLimitLayer {
+    layer: TierLimitLayer,
+    buffer: bool,
+}
+
+impl BufferedTierLimitLayer {
+    /// The largest body buffered (default 64 KiB); larger bodies get 413.
+    pub fn max_body_size(mut self, bytes: usize) -> Self {
+        self.layer.config().body.max = bytes;
+        self
+    }
+
+    /// How long reading the body may take (default 10 s); slower bodies get
+    /// 408.
+    pub fn body_timeout(mut self, timeout: Duration) -> Self {
+        self.layer.config().body.timeout = timeout;
+        self
+    }
+}
+
+impl<S> Layer<S> for BufferedTierLimitLayer {
+    type Service = BufferedTierLimitService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        BufferedTierLimitService {
+            inner: self.layer.layer(inner),
+            buffer: self.buffer,
+        }
+    }
+}
+
+/// The service of [`BufferedTierLimitLayer`].
+#[derive(Clone)]
+pub struct BufferedTierLimitService<S> {
+    inner: TierLimitService<S>,
+    buffer: bool,
+}
+
+impl<S: fmt::Debug> fmt::Debug for BufferedTierLimitService<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BufferedTierLimitService")
+            .field("inner", &self.inner)
+            .field("buffer", &self.buffer)
+            .finish()
+    }
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+fn refuse(status: StatusCode, detail: &str) -> Response<Bytes> {
+    problem(status, detail, serde_json::Value::Null)
+}
+
+impl<S, ReqB, ResB> Service<Request<ReqB>> for BufferedTierLimitService<S>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    ReqB: HttpBody + From<Bytes> + Send + 'static,
+    ReqB::Data: Send,
+    ReqB::Error: Into<BoxError>,
+    ResB: Send + 'static,
+{
+    type Response = Response<ResponseBody<ResB>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future, ResB, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+        if !self.buffer {
+            return self.inner.call(req);
+        }
+        let limits = self.inner.shared.body;
+        // A body that says it is too large is refused without reading it.
+        if req.body().size_hint().lower() > limits.max as u64
+            || declared_length(&req) > Some(limits.max as u64)
+        {
+            return ResponseFuture::refuse(refuse(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "the request body is larger than the limit",
+            ));
+        }
+        let (parts, body) = req.into_parts();
+        let shared = self.inner.shared.clone();
+        // The inner service is called later: take the one that was polled
+        // ready and leave a clone.
+        let clone = self.inner.inner.clone();
+        let inner = std::mem::replace(&mut self.inner.inner, clone);
+        // The body is read first; then the request takes the limiter's one
+        // serve path, with the identity the body gave.
+        ResponseFuture::boxed(Box::pin(async move {
+            let collected =
+                tokio::time::timeout(limits.timeout, Limited::new(body, limits.max).collect()).await;
+            let bytes = match collected {
+                Ok(Ok(collected)) => collected.to_bytes(),
+                Ok(Err(error)) if error.downcast_ref::<LengthLimitError>().is_some() => {
+                    let r = refuse(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        "the request body is larger than the limit",
+                    );
+                    return Ok(r.map(ResponseBody::refusal));
+                }
+                Ok(Err(_)) => {
+                    let r = refuse(StatusCode::BAD_REQUEST, "the request body could not be read");
+                    return Ok(r.map(ResponseBody::refusal));
+                }
+                Err(_) => {
+                    let r = refuse(
+                        StatusCode::REQUEST_TIMEOUT,
+                        "the request body was not received in time",
+                    );
+                    return Ok(r.map(ResponseBody::refusal));
+                }
+            };
+            let identity = match &shared.identify {
+                Identify::Async(identifier) => identifier.identify_with_body(&parts.headers, &bytes).await,
+                _ => shared.identify(&parts).await,
+            };
+            serve(
+                shared,
+                inner,
+                Start::Identified(identity),
+                parts,
+                ReqB::from(bytes),
+            )
+            .await
+        }))
+    }
+}
+
+/// The `Content-Length` a request declares, if any.
+fn declared_length<B>(req: &Request<B>) -> Option<u64> {
+    req.headers()
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+}

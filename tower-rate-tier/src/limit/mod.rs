@@ -1,0 +1,23 @@
+//! The middleware: [`TierLimitLayer`] builds [`TierLimitService`], whose
+//! [`ResponseFuture`] adds the rate-limit headers on the way out.
+//!
+//! * `layer.rs`: the layer and its configuration;
+//! * `admit.rs`: identification, the tier, the price, the decision;
+//! * `service.rs`: the service and the one serve path (admit, call the
+//!   inner service, add the charge's headers);
+//! * `future.rs`: the response future;
+//! * `buffered.rs`: identification from a buffered body (feature
+//!   `buffered-body`).
+
+mod admit;
+#[cfg(feature = "buffered-body")]
+mod buffered;
+mod future;
+mod layer;
+mod service;
+
+#[cfg(feature = "buffered-body")]
+pub use buffered::{BufferedTierLimitLayer, BufferedTierLimitService};
+pub use future::ResponseFuture;
+pub use layer::TierLimitLayer;
+pub use service::TierLimitService;

@@ -1,0 +1,189 @@
+//! [`TierLimitService`]: the middleware service, and the path every request
+//! takes through it: admit, call the inner service, add the charge's headers.
+
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::request::Parts;
+use http::{Request, Response};
+use tower_service::Service;
+
+use super::admit::{Admission, Bill, Head};
+use super::future::{ResponseFuture, finish};
+use super::layer::Shared;
+use crate::body::ResponseBody;
+use crate::identity::TierIdentity;
+use crate::storage::Decide;
+use crate::tier::conclude;
+
+/// The service of [`TierLimitLayer`](crate::TierLimitLayer).
+#[derive(Clone)]
+pub struct TierLimitService<S> {
+    pub(crate) inner: S,
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl<S> TierLimitService<S> {
+    pub(crate) fn new(inner: S, shared: Arc<Shared>) -> Self {
+        TierLimitService { inner, shared }
+    }
+
+    /// The wrapped service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+}
+
+impl<S: fmt::Debug> fmt::Debug for TierLimitService<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TierLimitService")
+            .field("inner", &self.inner)
+            .field("tiers", &self.shared.ledger.tiers)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Where a request that cannot be admitted at once resumes.
+pub(crate) enum Start {
+    /// The identifier waits.
+    Identify,
+    /// Identified (from a buffered body, say).
+    #[cfg_attr(not(feature = "buffered-body"), allow(dead_code))]
+    Identified(Option<TierIdentity>),
+    /// Billed; the storage's answer is awaited.
+    Decide(Bill, Decide),
+}
+
+impl<S, ReqB, ResB> Service<Request<ReqB>> for TierLimitService<S>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    ReqB: Send + 'static,
+    ResB: Send + 'static,
+{
+    type Response = Response<ResponseBody<ResB>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future, ResB, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+        if self.shared.reads_parts() {
+            let (mut parts, body) = req.into_parts();
+            return match admit_now(&self.shared, &mut parts) {
+                Ok(admission) => self.pass_or_refuse(admission, Request::from_parts(parts, body)),
+                Err(start) => self.resume(start, parts, body),
+            };
+        }
+        // Only the headers and extensions are read: in place, without
+        // splitting the request.
+        let mut req = req;
+        match admit_now(&self.shared, &mut req) {
+            Ok(admission) => self.pass_or_refuse(admission, req),
+            Err(start) => {
+                let (parts, body) = req.into_parts();
+                self.resume(start, parts, body)
+            }
+        }
+    }
+}
+
+/// Admits a request without waiting, or says where to resume when the
+/// identifier or the storage must wait.
+fn admit_now(shared: &Arc<Shared>, head: &mut impl Head) -> Result<Admission, Start> {
+    let Some(identity) = shared.identify_now(head) else {
+        return Err(Start::Identify);
+    };
+    let bill = match shared.bill(head, identity) {
+        Ok(bill) => bill,
+        Err(answered) => return Ok(answered),
+    };
+    match shared.decide(&bill) {
+        Ok(result) => Ok(shared.conclude(head, bill, result)),
+        Err(pending) => Err(Start::Decide(bill, pending)),
+    }
+}
+
+impl<S> TierLimitService<S> {
+    /// Calls the inner service for an admitted request, or answers.
+    fn pass_or_refuse<ReqB, ResB>(
+        &mut self,
+        admission: Admission,
+        req: Request<ReqB>,
+    ) -> ResponseFuture<S::Future, ResB, S::Error>
+    where
+        S: Service<Request<ReqB>, Response = Response<ResB>>,
+    {
+        match admission {
+            Admission::Pass(charge) => ResponseFuture::inner(self.inner.call(req), charge),
+            Admission::Refuse(response) => ResponseFuture::refuse(response),
+        }
+    }
+
+    /// Serves a request that waits, in a task of its own.
+    pub(crate) fn resume<ReqB, ResB>(
+        &mut self,
+        start: Start,
+        parts: Parts,
+        body: ReqB,
+    ) -> ResponseFuture<S::Future, ResB, S::Error>
+    where
+        S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
+        S::Future: Send + 'static,
+        ReqB: Send + 'static,
+        ResB: Send + 'static,
+    {
+        // The inner service is called later: take the one that was polled
+        // ready and leave a clone.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let shared = self.shared.clone();
+        ResponseFuture::boxed(Box::pin(serve(shared, inner, start, parts, body)))
+    }
+}
+
+/// The serve path of a request that waits: identify, bill, decide, call the
+/// inner service for an admitted request, add the charge's headers.
+pub(crate) async fn serve<S, ReqB, ResB>(
+    shared: Arc<Shared>,
+    mut inner: S,
+    start: Start,
+    mut parts: Parts,
+    body: ReqB,
+) -> Result<Response<ResponseBody<ResB>>, S::Error>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>>,
+{
+    let bill = match start {
+        Start::Decide(bill, pending) => Ok((bill, Some(pending))),
+        Start::Identified(identity) => shared.bill(&mut parts, identity).map(|bill| (bill, None)),
+        Start::Identify => {
+            let identity = shared.identify(&parts).await;
+            shared.bill(&mut parts, identity).map(|bill| (bill, None))
+        }
+    };
+    let admission = match bill {
+        Ok((bill, pending)) => {
+            let pending = match pending {
+                Some(pending) => Err(pending),
+                None => shared.decide(&bill),
+            };
+            let result = match pending {
+                Ok(result) => result,
+                Err(pending) => conclude(&bill.tier, pending.await),
+            };
+            shared.conclude(&mut parts, bill, result)
+        }
+        Err(answered) => answered,
+    };
+    match admission {
+        Admission::Pass(charge) => {
+            let response = inner.call(Request::from_parts(parts, body)).await?;
+            Ok(finish(response, charge.as_ref()))
+        }
+        Admission::Refuse(response) => Ok(response.map(ResponseBody::refusal)),
+    }
+}

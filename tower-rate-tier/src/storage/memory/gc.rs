@@ -1,0 +1,134 @@
+//! Keeping the memory storage bounded: the key cap, sweeps of expired keys,
+//! and the background task that runs them.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use super::{Inner, Tats};
+use crate::clock::{Clock, Nanos, SystemClock};
+use crate::storage::{StorageError, StorageErrorKind};
+
+/// At the key cap, an inline sweep of expired keys runs at most this often
+/// (in the storage clock's time).
+const INLINE_SWEEP_EVERY_NS: u64 = 1_000_000_000;
+
+impl Inner {
+    /// Remembers the clock of garbage collection (the storage's own, or the
+    /// first decision's) and starts the GC task if it is not running and
+    /// this thread is inside a tokio runtime.
+    #[inline]
+    pub(super) fn ensure_gc(self: &Arc<Self>, clock: &Arc<dyn Clock>) {
+        if !self.gc_running.load(Ordering::Relaxed) {
+            self.start_gc(clock);
+        }
+    }
+
+    #[cold]
+    fn start_gc(self: &Arc<Self>, clock: &Arc<dyn Clock>) {
+        let _ = self.clock.get_or_init(|| clock.clone());
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if self.gc_running.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        handle.spawn(gc_loop(Arc::downgrade(self), self.gc_interval));
+    }
+
+    fn now(&self) -> Nanos {
+        match self.clock.get() {
+            Some(clock) => clock.now(),
+            None => SystemClock.now(),
+        }
+    }
+
+    /// Takes one slot under the key cap, reclaiming expired keys first when
+    /// the cap is reached.
+    pub(super) fn reserve_slot(&self, now: Nanos) -> Result<(), StorageError> {
+        if self.len.fetch_add(1, Ordering::Relaxed) < self.max_keys {
+            return Ok(());
+        }
+        self.len.fetch_sub(1, Ordering::Relaxed);
+        let last = self.last_inline_sweep.load(Ordering::Relaxed);
+        // A clock that moved back behind the last sweep makes one due at once
+        // (rather than only after the clock has caught up).
+        let due = last == 0 || now < last || now - last >= INLINE_SWEEP_EVERY_NS;
+        if due
+            && self
+                .last_inline_sweep
+                .compare_exchange(last, now.max(1), Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        {
+            self.sweep_at(now);
+            if self.len.fetch_add(1, Ordering::Relaxed) < self.max_keys {
+                return Ok(());
+            }
+            self.len.fetch_sub(1, Ordering::Relaxed);
+        }
+        tracing::warn!(
+            max_keys = self.max_keys,
+            "rate-limit memory storage is full; a new key was refused"
+        );
+        Err(StorageError::new(
+            StorageErrorKind::Full,
+            "the memory storage tracks `max_keys` keys; a new key was refused",
+        ))
+    }
+
+    pub(super) fn sweep(&self) -> usize {
+        self.sweep_at(self.now())
+    }
+
+    fn sweep_at(&self, now: Nanos) -> usize {
+        let mut removed = 0usize;
+        self.single.retain(|_, tat| {
+            let keep = *tat > now;
+            removed += usize::from(!keep);
+            keep
+        });
+        self.multi.retain(|_, tats: &mut Tats| {
+            let keep = tats.iter().any(|&(_, tat)| tat > now);
+            removed += usize::from(!keep);
+            keep
+        });
+        // Give memory back after a flood has gone: tables mostly empty are
+        // shrunk.
+        shrink_if_sparse(&self.single);
+        shrink_if_sparse(&self.multi);
+        self.len.fetch_sub(removed, Ordering::Relaxed);
+        removed
+    }
+}
+
+/// Lets the next decision start a GC task again when this one ends (its
+/// runtime shut down).
+struct ResetOnDrop(Weak<Inner>);
+
+impl Drop for ResetOnDrop {
+    fn drop(&mut self) {
+        if let Some(inner) = self.0.upgrade() {
+            inner.gc_running.store(false, Ordering::Release);
+        }
+    }
+}
+
+async fn gc_loop(weak: Weak<Inner>, every: Duration) {
+    let _reset = ResetOnDrop(weak.clone());
+    loop {
+        tokio::time::sleep(every).await;
+        let Some(inner) = weak.upgrade() else {
+            return;
+        };
+        let swept = tokio::task::spawn_blocking(move || inner.sweep()).await;
+        if let Ok(n) = swept {
+            tracing::trace!(removed = n, "rate-limit memory storage swept expired keys");
+        }
+    }
+}
+
+fn shrink_if_sparse<V>(map: &dashmap::DashMap<Box<[u8]>, V, super::Hasher>) {
+    if map.capacity() > 4 * map.len() + 4 * 1024 {
+        map.shrink_to_fit();
+    }
+}

@@ -1,0 +1,374 @@
+//! In-process storage on [`DashMap`].
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use dashmap::DashMap;
+use dashmap::mapref::entry::Entry;
+use smallvec::SmallVec;
+
+use super::{BandName, Decide, Decision, MAX_BANDS, Op, Storage, StorageError, StorageErrorKind, StorageKey};
+use crate::clock::{Clock, Nanos};
+use crate::quota::Quota;
+
+mod gc;
+
+type Hasher = foldhash::fast::RandomState;
+
+/// A multi-band key's state: the TAT of each band, under the band's stable
+/// name.
+type Tats = Box<[(BandName, Nanos)]>;
+
+const SHARDS: usize = 64;
+const DEFAULT_MAX_KEYS: usize = 1_000_000;
+const DEFAULT_GC_INTERVAL: Duration = Duration::from_secs(60);
+
+/// GCRA state in this process's memory.
+///
+/// * Two maps keyed by namespace, tier and user id (encoded into a stack
+///   buffer, never formatted), updated atomically per key under a DashMap
+///   shard lock: one for tiers of one band (one TAT per key, the band's
+///   [stable name](super::band_names) part of the key), one for tiers of
+///   several bands (one TAT per band under the band's name, all decided
+///   under the key's one lock: all or nothing). A band keeps its state
+///   across a configuration change that keeps its refill window; a tier
+///   that goes from one band to several, or back, starts afresh.
+/// * A decision neither allocates (only a user seen for the first time is
+///   inserted) nor boxes a future: [`Storage::decide`] answers at once.
+/// * Decisions use the limiter's clock, passed with every call.
+/// * Expired keys are removed by a background task every
+///   [`gc_interval`](MemoryStorageBuilder::gc_interval) (default 60 s). The
+///   task starts with the first decision made inside a tokio runtime (so
+///   building outside one never panics), sweeps on tokio's blocking pool one
+///   shard at a time (a decision waits at most for one of 64 shards), and
+///   stops when the storage is dropped. It reads the storage's own
+///   [clock](MemoryStorageBuilder::clock), or else the clock of the first
+///   decision. [`MemoryStorage::sweep`] runs one pass by hand.
+/// * At most [`max_keys`](MemoryStorageBuilder::max_keys) keys (default
+///   1,000,000) are tracked. When a new key arrives at the cap, expired keys
+///   are reclaimed first (an inline sweep, at most once per second); if the
+///   storage is still full the new key is refused with a
+///   [`StorageErrorKind::Full`] error. Tracked keys are never evicted, so a
+///   flood of new identities cannot reset anybody's quota.
+///
+/// Clones share one map.
+///
+/// ```
+/// use tower_rate_tier::storage::MemoryStorage;
+///
+/// let storage = MemoryStorage::builder().max_keys(10_000).build();
+/// assert_eq!(storage.len(), 0);
+/// ```
+#[derive(Clone)]
+pub struct MemoryStorage {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    single: DashMap<Box<[u8]>, Nanos, Hasher>,
+    multi: DashMap<Box<[u8]>, Tats, Hasher>,
+    len: AtomicUsize,
+    max_keys: usize,
+    gc_interval: Duration,
+    /// The clock of garbage collection.
+    clock: OnceLock<Arc<dyn Clock>>,
+    gc_running: AtomicBool,
+    last_inline_sweep: AtomicU64,
+}
+
+/// Configures a [`MemoryStorage`].
+#[derive(Debug, Clone)]
+pub struct MemoryStorageBuilder {
+    max_keys: usize,
+    gc_interval: Duration,
+    clock: Option<Arc<dyn Clock>>,
+}
+
+impl Default for MemoryStorageBuilder {
+    fn default() -> Self {
+        MemoryStorageBuilder {
+            max_keys: DEFAULT_MAX_KEYS,
+            gc_interval: DEFAULT_GC_INTERVAL,
+            clock: None,
+        }
+    }
+}
+
+impl MemoryStorageBuilder {
+    /// The most keys tracked at once (default 1,000,000). A key is one user in
+    /// one tier of one limiter.
+    pub fn max_keys(mut self, max_keys: usize) -> Self {
+        self.max_keys = max_keys;
+        self
+    }
+
+    /// How often the background task removes expired keys (default 60 s;
+    /// at least 10 ms).
+    pub fn gc_interval(mut self, every: Duration) -> Self {
+        self.gc_interval = every.max(Duration::from_millis(10));
+        self
+    }
+
+    /// The clock of garbage collection. Without one, the storage collects
+    /// with the clock of its first decision (the limiter's). Decisions always
+    /// use the limiter's clock.
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Some(Arc::new(clock));
+        self
+    }
+
+    /// The storage.
+    pub fn build(self) -> MemoryStorage {
+        let clock = OnceLock::new();
+        if let Some(c) = self.clock {
+            let _ = clock.set(c);
+        }
+        MemoryStorage {
+            inner: Arc::new(Inner {
+                single: new_map(),
+                multi: new_map(),
+                len: AtomicUsize::new(0),
+                max_keys: self.max_keys,
+                gc_interval: self.gc_interval,
+                clock,
+                gc_running: AtomicBool::new(false),
+                last_inline_sweep: AtomicU64::new(0),
+            }),
+        }
+    }
+}
+
+impl Default for MemoryStorage {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryStorage {
+    /// A storage with the defaults (1,000,000 keys, GC every 60 s).
+    pub fn new() -> Self {
+        MemoryStorageBuilder::default().build()
+    }
+
+    /// Configures a storage.
+    pub fn builder() -> MemoryStorageBuilder {
+        MemoryStorageBuilder::default()
+    }
+
+    /// How many keys are tracked now.
+    pub fn len(&self) -> usize {
+        self.inner.len.load(Ordering::Relaxed)
+    }
+
+    /// Whether no key is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Removes every expired key now; returns how many were removed.
+    pub fn sweep(&self) -> usize {
+        self.inner.sweep()
+    }
+}
+
+impl Storage for MemoryStorage {
+    #[inline]
+    fn decide(&self, key: StorageKey<'_>, bands: &[Quota], op: Op, clock: &Arc<dyn Clock>) -> Decide {
+        Decide::ready(self.inner.decide(key, bands, op, clock))
+    }
+}
+
+fn new_map<V>() -> DashMap<Box<[u8]>, V, Hasher> {
+    DashMap::with_capacity_and_hasher_and_shard_amount(0, Hasher::default(), SHARDS)
+}
+
+/// `[len][namespace][len][tier][band][user]`: namespace and tier names are
+/// at most 255 bytes and the band is a self-delimiting varint, so the
+/// encoding is unambiguous.
+type KeyBuf = SmallVec<[u8; 64]>;
+
+fn encode(key: StorageKey<'_>, band: Option<BandName>) -> KeyBuf {
+    let mut out = KeyBuf::new();
+    let ns = key.namespace.len().min(255);
+    let tier = key.tier.len().min(255);
+    out.reserve(2 + ns + tier + 11 + key.user.len());
+    out.push(ns as u8);
+    out.extend_from_slice(&key.namespace.as_bytes()[..ns]);
+    out.push(tier as u8);
+    out.extend_from_slice(&key.tier.as_bytes()[..tier]);
+    if let Some(band) = band {
+        let mut n = band.window_ms;
+        while n >= 0x80 {
+            out.push((n as u8) | 0x80);
+            n >>= 7;
+        }
+        out.push(n as u8);
+        out.push(band.repeat);
+    }
+    out.extend_from_slice(key.user.as_bytes());
+    out
+}
+
+/// The stored TATs of `bands`, by band name; `None` for a band without one.
+fn lookup(stored: &Tats, names: &[BandName]) -> [Option<Nanos>; MAX_BANDS] {
+    let mut tats = [None; MAX_BANDS];
+    for (tat, name) in tats.iter_mut().zip(names) {
+        *tat = stored.iter().find(|(n, _)| n == name).map(|&(_, t)| t);
+    }
+    tats
+}
+
+/// `tats` under `names`, a band at a fresh state kept as an expired time
+/// (the GC removes the key once every band has expired).
+fn store(names: &[BandName], tats: &[Option<Nanos>], now: Nanos) -> Tats {
+    names
+        .iter()
+        .zip(tats)
+        .map(|(&n, tat)| (n, tat.unwrap_or(now)))
+        .collect()
+}
+
+impl Inner {
+    fn decide(
+        self: &Arc<Self>,
+        key: StorageKey<'_>,
+        bands: &[Quota],
+        op: Op,
+        clock: &Arc<dyn Clock>,
+    ) -> Result<Decision, StorageError> {
+        self.ensure_gc(clock);
+        match bands {
+            [quota] => self.decide_one(key, quota, op, clock),
+            _ if bands.len() <= MAX_BANDS => self.decide_many(key, bands, op, clock),
+            _ => Err(StorageError::new(
+                StorageErrorKind::Other,
+                "a decision needs 1 to MAX_BANDS bands",
+            )),
+        }
+    }
+
+    /// A tier of one band. The clock is read while the key's shard lock is
+    /// held, so that the decisions of one key see non-decreasing times: a
+    /// reading taken before the lock could be older than the key's last
+    /// decision (its thread was descheduled in between), and the GCRA's
+    /// backwards-clock clamp would then give back what that later decision
+    /// charged.
+    fn decide_one(
+        &self,
+        key: StorageKey<'_>,
+        quota: &Quota,
+        op: Op,
+        clock: &Arc<dyn Clock>,
+    ) -> Result<Decision, StorageError> {
+        let bands = std::slice::from_ref(quota);
+        let name = super::band_names(bands).next();
+        let key = encode(key, name);
+        if let Some(mut stored) = self.single.get_mut(&key[..]) {
+            let now = clock.now();
+            let mut tat = [Some(*stored)];
+            let decision = super::decide_bands(&mut tat, now, bands, op);
+            *stored = tat[0].unwrap_or(now);
+            return Ok(decision);
+        }
+        let now = clock.now();
+        let mut tat = [None];
+        let decision = super::decide_bands(&mut tat, now, bands, op);
+        if tat[0].is_none() {
+            // Denied, a peek, or a refund: nothing to keep.
+            return Ok(decision);
+        }
+        self.reserve_slot(now)?;
+        match self.single.entry(Box::from(&key[..])) {
+            Entry::Occupied(mut e) => {
+                // Another request inserted the key meanwhile: decide again
+                // against its state.
+                self.len.fetch_sub(1, Ordering::Relaxed);
+                let now = clock.now();
+                let mut tat = [Some(*e.get())];
+                let decision = super::decide_bands(&mut tat, now, bands, op);
+                *e.get_mut() = tat[0].unwrap_or(now);
+                Ok(decision)
+            }
+            Entry::Vacant(e) => {
+                let now = clock.now();
+                let mut tat = [None];
+                let decision = super::decide_bands(&mut tat, now, bands, op);
+                e.insert(tat[0].unwrap_or(now));
+                Ok(decision)
+            }
+        }
+    }
+
+    /// A tier of several bands, all decided under the key's one lock.
+    fn decide_many(
+        &self,
+        key: StorageKey<'_>,
+        bands: &[Quota],
+        op: Op,
+        clock: &Arc<dyn Clock>,
+    ) -> Result<Decision, StorageError> {
+        let mut names = [BandName {
+            window_ms: 0,
+            repeat: 0,
+        }; MAX_BANDS];
+        for (slot, name) in names.iter_mut().zip(super::band_names(bands)) {
+            *slot = name;
+        }
+        let names = &names[..bands.len()];
+        let n = bands.len();
+        let key = encode(key, None);
+        let apply = |stored: Option<&mut Tats>, now: Nanos| {
+            let mut tats = stored.as_deref().map_or([None; MAX_BANDS], |s| lookup(s, names));
+            let decision = super::decide_bands(&mut tats[..n], now, bands, op);
+            let keep = tats[..n].iter().any(Option::is_some);
+            (decision, keep.then(|| store(names, &tats[..n], now)))
+        };
+        if let Some(mut stored) = self.multi.get_mut(&key[..]) {
+            let (decision, new) = apply(Some(&mut stored), clock.now());
+            match new {
+                Some(new) => *stored = new,
+                None => {
+                    let now = decision.now;
+                    for (_, tat) in stored.iter_mut() {
+                        *tat = (*tat).min(now);
+                    }
+                }
+            }
+            return Ok(decision);
+        }
+        let now = clock.now();
+        let (decision, new) = apply(None, now);
+        if new.is_none() {
+            return Ok(decision);
+        }
+        self.reserve_slot(now)?;
+        match self.multi.entry(Box::from(&key[..])) {
+            Entry::Occupied(mut e) => {
+                self.len.fetch_sub(1, Ordering::Relaxed);
+                let (decision, new) = apply(Some(e.get_mut()), clock.now());
+                if let Some(new) = new {
+                    *e.get_mut() = new;
+                }
+                Ok(decision)
+            }
+            Entry::Vacant(e) => {
+                let now = clock.now();
+                let (decision, new) = apply(None, now);
+                e.insert(new.unwrap_or_else(|| store(names, &[None; MAX_BANDS][..n], now)));
+                Ok(decision)
+            }
+        }
+    }
+}
+
+impl fmt::Debug for MemoryStorage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryStorage")
+            .field("len", &self.len())
+            .field("max_keys", &self.inner.max_keys)
+            .field("gc_interval", &self.inner.gc_interval)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,223 @@
+//! [`RateTierBuilder`]: how a [`RateTier`] is configured.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+use super::{Config, IntoTierName, RateTier, TierEntry, TierTable};
+use crate::clock::{Clock, SystemClock};
+use crate::headers::TierHeaders;
+use crate::policy::OnMissing;
+use crate::quota::{IntoQuotas, Quota};
+use crate::storage::{MAX_BANDS, MemoryStorage, Storage};
+
+/// Why [`RateTierBuilder::try_build`] refused a configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// No tier was configured.
+    NoTiers,
+    /// A tier name was given twice.
+    DuplicateTier(String),
+    /// The default tier is not one of the tiers.
+    UnknownDefaultTier(String),
+    /// A tier mixes `Quota::unlimited()` with limited bands.
+    UnlimitedWithBands(String),
+    /// A tier has no band.
+    NoBands(String),
+    /// A tier has more than [`MAX_BANDS`] bands.
+    TooManyBands(String),
+    /// A tier name or the namespace is empty or longer than 255 bytes.
+    InvalidName(String),
+}
+
+impl fmt::Display for BuildError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BuildError::NoTiers => write!(
+                f,
+                "no tiers configured: add at least one with `.tier(name, quota)`"
+            ),
+            BuildError::DuplicateTier(t) => write!(f, "tier `{t}` is configured more than once"),
+            BuildError::UnknownDefaultTier(t) => write!(f, "the default tier `{t}` is not a configured tier"),
+            BuildError::UnlimitedWithBands(t) => {
+                write!(f, "tier `{t}` mixes `Quota::unlimited()` with limited bands")
+            }
+            BuildError::NoBands(t) => write!(f, "tier `{t}` has no quota"),
+            BuildError::TooManyBands(t) => write!(f, "tier `{t}` has more than {MAX_BANDS} bands"),
+            BuildError::InvalidName(t) => {
+                write!(
+                    f,
+                    "`{t}` is not a valid tier name or namespace (1 to 255 bytes; the namespace may be empty)"
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for BuildError {}
+
+/// Configures a [`RateTier`]; see [`RateTier::builder`].
+#[derive(Default)]
+pub struct RateTierBuilder {
+    tiers: Vec<(Cow<'static, str>, Vec<Quota>)>,
+    default_tier: Option<Cow<'static, str>>,
+    on_missing: OnMissing,
+    clock: Option<Arc<dyn Clock>>,
+    storage: Option<Arc<dyn Storage>>,
+    namespace: String,
+}
+
+impl RateTierBuilder {
+    /// Adds a tier: one [`Quota`], or several bands that must all admit a
+    /// request (`[Quota::per_second(5), Quota::per_day(10_000)]`).
+    pub fn tier(mut self, name: impl IntoTierName, quotas: impl IntoQuotas) -> Self {
+        self.tiers.push((name.into_tier_name(), quotas.into_quotas()));
+        self
+    }
+
+    /// Adds every tier of a [`TierTable`] (a `#[rate_tiers]` enum) and, if it
+    /// names one, its default tier.
+    pub fn tiers<T: TierTable>(mut self) -> Self {
+        for &tier in T::all() {
+            self = self.tier(tier.tier_name(), tier.tier_quotas());
+        }
+        if let Some(default) = T::default_tier() {
+            self.default_tier = Some(Cow::Borrowed(default.tier_name()));
+        }
+        self
+    }
+
+    /// The tier of clients that are not identified (under
+    /// [`OnMissing::UseDefault`]) or whose tier is unknown (under the layer's
+    /// `OnUnknownTier::UseDefault`).
+    pub fn default_tier(mut self, name: impl IntoTierName) -> Self {
+        self.default_tier = Some(name.into_tier_name());
+        self
+    }
+
+    /// The policy for unidentified clients (default
+    /// [`OnMissing::UseDefault`]).
+    pub fn on_missing(mut self, policy: OnMissing) -> Self {
+        self.on_missing = policy;
+        self
+    }
+
+    /// The clock (default [`SystemClock`]); the storage receives it with
+    /// every decision (the in-memory storage decides with it).
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Some(Arc::new(clock));
+        self
+    }
+
+    /// The storage (default: a new [`MemoryStorage`]).
+    pub fn storage(mut self, storage: impl Storage) -> Self {
+        self.storage = Some(Arc::new(storage));
+        self
+    }
+
+    /// A key namespace, so that several limiters can share one storage
+    /// without sharing quotas (default empty).
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = namespace.into();
+        self
+    }
+
+    /// Builds the configuration.
+    ///
+    /// # Panics
+    ///
+    /// With the message of the [`BuildError`] that
+    /// [`try_build`](Self::try_build) would return.
+    #[track_caller]
+    pub fn build(self) -> RateTier {
+        match self.try_build() {
+            Ok(tiers) => tiers,
+            Err(e) => panic!("invalid rate-tier configuration: {e}"),
+        }
+    }
+
+    /// Builds the configuration, or says what is wrong with it.
+    pub fn try_build(self) -> Result<RateTier, BuildError> {
+        if self.tiers.is_empty() {
+            return Err(BuildError::NoTiers);
+        }
+        if self.namespace.len() > 255 {
+            return Err(BuildError::InvalidName(self.namespace));
+        }
+        let mut by_name = HashMap::with_hasher(foldhash::fast::RandomState::default());
+        let mut tiers = Vec::with_capacity(self.tiers.len());
+        for (index, (name, bands)) in self.tiers.into_iter().enumerate() {
+            if name.is_empty() || name.len() > 255 {
+                return Err(BuildError::InvalidName(name.into_owned()));
+            }
+            if bands.is_empty() {
+                return Err(BuildError::NoBands(name.into_owned()));
+            }
+            if bands.len() > MAX_BANDS {
+                return Err(BuildError::TooManyBands(name.into_owned()));
+            }
+            let unlimited = bands.iter().filter(|q| q.is_unlimited()).count();
+            if unlimited > 0 && unlimited < bands.len() {
+                return Err(BuildError::UnlimitedWithBands(name.into_owned()));
+            }
+            let unlimited = unlimited > 0;
+            let bands: Box<[Quota]> = if unlimited {
+                Box::new([Quota::unlimited()])
+            } else {
+                bands.into()
+            };
+            let max_cost = if unlimited {
+                u32::MAX
+            } else {
+                bands.iter().map(Quota::burst).min().unwrap_or(0)
+            };
+            if by_name.insert(Box::<str>::from(&*name), index).is_some() {
+                return Err(BuildError::DuplicateTier(name.into_owned()));
+            }
+            tiers.push(Arc::new(TierEntry {
+                headers: TierHeaders::new(&name, &bands),
+                name: name.into(),
+                bands,
+                max_cost,
+                unlimited,
+            }));
+        }
+        let default_tier = match self.default_tier {
+            None => None,
+            Some(name) => Some(
+                by_name
+                    .get(&*name)
+                    .copied()
+                    .ok_or_else(|| BuildError::UnknownDefaultTier(name.into_owned()))?,
+            ),
+        };
+        let clock: Arc<dyn Clock> = self.clock.unwrap_or_else(|| Arc::new(SystemClock));
+        // Calibrates the process clock now rather than on the first request.
+        let _ = clock.now();
+        let storage = self.storage.unwrap_or_else(|| Arc::new(MemoryStorage::new()));
+        Ok(RateTier {
+            inner: Arc::new(Config {
+                tiers: tiers.into(),
+                by_name,
+                default_tier,
+                on_missing: self.on_missing,
+                storage,
+                clock,
+                namespace: self.namespace.into(),
+            }),
+        })
+    }
+}
+
+impl fmt::Debug for RateTierBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateTierBuilder")
+            .field("tiers", &self.tiers)
+            .field("default_tier", &self.default_tier)
+            .field("on_missing", &self.on_missing)
+            .field("namespace", &self.namespace)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,242 @@
+//! Named tiers and their quotas: [`RateTier`] and its builder.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! use tower_rate_tier::{Quota, RateTier, clock::FakeClock};
+//!
+//! let tiers = RateTier::builder()
+//!     .tier("free", Quota::per_minute(2))
+//!     .tier("pro", [Quota::per_second(5), Quota::per_day(10_000)])
+//!     .tier("enterprise", Quota::unlimited())
+//!     .default_tier("free")
+//!     .clock(FakeClock::new())
+//!     .build();
+//!
+//! assert!(tiers.check("ada", "free", 1).await.unwrap().is_ok());
+//! assert!(tiers.check("ada", "free", 1).await.unwrap().is_ok());
+//! let denied = tiers.check("ada", "free", 1).await.unwrap().unwrap_err();
+//! assert_eq!(denied.retry_after.as_secs(), 30);
+//! # }
+//! ```
+//!
+//! A `RateTier` holds its storage as `Arc<dyn Storage>`, so one type serves
+//! every storage: a function takes a limiter whatever it counts with.
+//!
+//! ```
+//! use tower_rate_tier::{Quota, RateTier, storage::MemoryStorage};
+//!
+//! fn describe(tiers: &RateTier) -> Vec<&str> {
+//!     tiers.tier_names().collect()
+//! }
+//!
+//! let default = RateTier::builder().tier("free", Quota::per_minute(2)).build();
+//! let own = RateTier::builder().tier("pro", Quota::per_minute(20)).storage(MemoryStorage::new()).build();
+//! assert_eq!((describe(&default), describe(&own)), (vec!["free"], vec!["pro"]));
+//! ```
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+use crate::clock::Clock;
+use crate::headers::TierHeaders;
+use crate::policy::OnMissing;
+use crate::quota::Quota;
+use crate::storage::{Decide, Op, Storage, StorageKey};
+
+mod builder;
+mod name;
+mod outcome;
+
+pub use builder::{BuildError, RateTierBuilder};
+pub use name::{IntoTierName, ParseTierError, TierTable};
+pub use outcome::{CheckError, CheckResult, MAX_USER_ID_LEN, RateLimitInfo, RateLimited};
+pub(crate) use outcome::{Detail, outcome};
+
+/// Up to this many tiers, a name is looked up by comparing, not hashing.
+const LINEAR_LOOKUP_MAX_TIERS: usize = 8;
+
+/// One configured tier, shared by the [`RateTier`] and the outcomes of its
+/// checks.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct TierEntry {
+    pub(crate) name: Box<str>,
+    pub(crate) bands: Box<[Quota]>,
+    /// The largest cost that can ever pass (the smallest burst).
+    pub(crate) max_cost: u32,
+    pub(crate) unlimited: bool,
+    /// Its header values that never change.
+    pub(crate) headers: TierHeaders,
+}
+
+/// Named tiers, their quotas and the storage that counts them.
+///
+/// Cheap to clone; clones share state. See the [module docs](self).
+#[derive(Clone)]
+pub struct RateTier {
+    inner: Arc<Config>,
+}
+
+struct Config {
+    tiers: Box<[Arc<TierEntry>]>,
+    by_name: HashMap<Box<str>, usize, foldhash::fast::RandomState>,
+    default_tier: Option<usize>,
+    on_missing: OnMissing,
+    storage: Arc<dyn Storage>,
+    clock: Arc<dyn Clock>,
+    namespace: Box<str>,
+}
+
+impl RateTier {
+    /// Starts a configuration.
+    pub fn builder() -> RateTierBuilder {
+        RateTierBuilder::default()
+    }
+
+    /// Charges `cost` to `user` in `tier`: `Ok(Ok(info))` when admitted,
+    /// `Ok(Err(limited))` when denied (nothing charged), `Err(_)` when the
+    /// check could not be decided. Cost 0 reports the state and charges
+    /// nothing. An unlimited tier never touches the storage.
+    pub async fn check(&self, user: &str, tier: &str, cost: u32) -> CheckResult {
+        let entry = self
+            .resolve(tier)
+            .ok_or_else(|| CheckError::UnknownTier(tier.to_owned()))?;
+        match self.begin(user, entry, cost) {
+            Ok(decide) => conclude(entry, decide.await),
+            Err(answered) => answered,
+        }
+    }
+
+    /// Gives `cost` back to `user` in `tier` (never below a fresh state).
+    pub async fn refund(&self, user: &str, tier: &str, cost: u32) -> Result<(), CheckError> {
+        let entry = self
+            .resolve(tier)
+            .ok_or_else(|| CheckError::UnknownTier(tier.to_owned()))?;
+        self.give_back(user, entry, cost).await
+    }
+
+    /// The configured tier names, in the order they were added.
+    pub fn tier_names(&self) -> impl Iterator<Item = &str> + '_ {
+        self.inner.tiers.iter().map(|t| &*t.name)
+    }
+
+    /// The bands of a tier.
+    pub fn quotas(&self, tier: &str) -> Option<&[Quota]> {
+        self.resolve(tier).map(|t| &*t.bands)
+    }
+
+    /// The default tier's name.
+    pub fn default_tier(&self) -> Option<&str> {
+        self.default_entry().map(|t| &*t.name)
+    }
+
+    /// The policy for unidentified clients.
+    pub fn on_missing(&self) -> OnMissing {
+        self.inner.on_missing
+    }
+
+    /// The key namespace of this configuration.
+    pub fn namespace(&self) -> &str {
+        &self.inner.namespace
+    }
+
+    /// The configuration's clock.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.inner.clock
+    }
+
+    /// The tier named `tier`.
+    #[inline]
+    pub(crate) fn resolve(&self, tier: &str) -> Option<&Arc<TierEntry>> {
+        // A few names compare faster than they hash.
+        let tiers = &self.inner.tiers;
+        if tiers.len() <= LINEAR_LOOKUP_MAX_TIERS {
+            return tiers.iter().find(|t| *t.name == *tier);
+        }
+        self.inner.by_name.get(tier).map(|&i| &tiers[i])
+    }
+
+    pub(crate) fn default_entry(&self) -> Option<&Arc<TierEntry>> {
+        self.inner.default_tier.map(|i| &self.inner.tiers[i])
+    }
+
+    /// The first tier configured.
+    pub(crate) fn first_entry(&self) -> Option<&Arc<TierEntry>> {
+        self.inner.tiers.first()
+    }
+
+    /// Starts charging `cost` to `user` in `tier`: the storage's answer to
+    /// wait for, or `Err` with the outcome when it is known without asking
+    /// (unlimited tier, invalid user id, a cost above the burst).
+    #[inline]
+    pub(crate) fn begin<'a>(
+        &'a self,
+        user: &'a str,
+        tier: &'a Arc<TierEntry>,
+        cost: u32,
+    ) -> Result<Decide, CheckResult> {
+        if tier.unlimited || user.is_empty() || user.len() > MAX_USER_ID_LEN || cost > tier.max_cost {
+            return Err(self.answer_early(tier, user, cost));
+        }
+        Ok(self.decide(user, tier, Op::Charge(cost)))
+    }
+
+    /// Gives `cost` back to `user` in `tier`.
+    pub(crate) async fn give_back(&self, user: &str, tier: &TierEntry, cost: u32) -> Result<(), CheckError> {
+        if tier.unlimited || cost == 0 || user.is_empty() || user.len() > MAX_USER_ID_LEN {
+            return Ok(());
+        }
+        self.decide(user, tier, Op::Refund(cost)).await?;
+        Ok(())
+    }
+
+    fn decide(&self, user: &str, tier: &TierEntry, op: Op) -> Decide {
+        let key = StorageKey {
+            namespace: &self.inner.namespace,
+            tier: &tier.name,
+            user,
+        };
+        self.inner.storage.decide(key, &tier.bands, op, &self.inner.clock)
+    }
+
+    /// The outcome of a check that [`RateTier::begin`] answers itself.
+    #[cold]
+    #[inline(never)]
+    fn answer_early(&self, tier: &Arc<TierEntry>, user: &str, cost: u32) -> CheckResult {
+        if tier.unlimited {
+            return Ok(Ok(RateLimitInfo::unlimited(tier, self.inner.clock.now())));
+        }
+        if user.is_empty() || user.len() > MAX_USER_ID_LEN {
+            return Err(CheckError::InvalidUserId);
+        }
+        Err(CheckError::CostExceedsLimit {
+            tier: tier.name.to_string(),
+            cost,
+            limit: tier.max_cost,
+        })
+    }
+}
+
+/// The outcome of a check from the storage's answer.
+#[inline]
+pub(crate) fn conclude(
+    tier: &Arc<TierEntry>,
+    decision: Result<crate::storage::Decision, crate::storage::StorageError>,
+) -> CheckResult {
+    Ok(outcome(tier, decision?))
+}
+
+impl fmt::Debug for RateTier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let tiers: Vec<(&str, &[Quota])> = self.inner.tiers.iter().map(|t| (&*t.name, &*t.bands)).collect();
+        f.debug_struct("RateTier")
+            .field("tiers", &tiers)
+            .field("default_tier", &self.default_tier())
+            .field("on_missing", &self.inner.on_missing)
+            .field("namespace", &self.inner.namespace)
+            .field("storage", &self.inner.storage)
+            .field("clock", &self.inner.clock)
+            .finish()
+    }
+}

@@ -1,0 +1,126 @@
+//! Naming tiers: [`IntoTierName`], the [`TierTable`] a `#[rate_tiers]` enum
+//! implements, and the error of parsing a name into such an enum.
+
+use std::borrow::Cow;
+use std::fmt;
+
+use crate::quota::Quota;
+
+/// A table of tiers, as `#[rate_tiers]` generates it for an enum.
+///
+/// [`RateTierBuilder::tiers`](crate::RateTierBuilder::tiers) adds every tier of a table (and its default
+/// tier), and [`TierIdentity::new`](crate::TierIdentity::new) accepts a
+/// table's values as tier names.
+pub trait TierTable: Copy + Send + Sync + 'static {
+    /// Every tier, in declaration order.
+    fn all() -> &'static [Self];
+    /// This tier's name.
+    fn tier_name(self) -> &'static str;
+    /// This tier's bands (empty for an unlimited tier is not allowed: an
+    /// unlimited tier is `[Quota::unlimited()]`).
+    fn tier_quotas(self) -> &'static [Quota];
+    /// The default tier, if the table names one.
+    fn default_tier() -> Option<Self>;
+}
+
+/// Anything that names a tier: `&str`, `String`, or a [`TierTable`] value.
+pub trait IntoTierName {
+    /// The name.
+    fn into_tier_name(self) -> Cow<'static, str>;
+}
+
+impl IntoTierName for &str {
+    fn into_tier_name(self) -> Cow<'static, str> {
+        Cow::Owned(self.to_owned())
+    }
+}
+
+impl IntoTierName for String {
+    fn into_tier_name(self) -> Cow<'static, str> {
+        Cow::Owned(self)
+    }
+}
+
+impl IntoTierName for &String {
+    fn into_tier_name(self) -> Cow<'static, str> {
+        Cow::Owned(self.clone())
+    }
+}
+
+impl IntoTierName for Cow<'static, str> {
+    fn into_tier_name(self) -> Cow<'static, str> {
+        self
+    }
+}
+
+impl<T: TierTable> IntoTierName for T {
+    fn into_tier_name(self) -> Cow<'static, str> {
+        Cow::Borrowed(self.tier_name())
+    }
+}
+
+/// The error of `FromStr` for a `#[rate_tiers]` enum: the name is not one of
+/// its tiers.
+///
+/// ```
+/// # #[cfg(feature = "macros")]
+/// # fn main() {
+/// use tower_rate_tier::rate_tiers;
+///
+/// #[rate_tiers]
+/// enum Plan {
+///     #[tier(per_minute = 10)]
+///     Free,
+///     #[tier(per_minute = 100)]
+///     Pro,
+/// }
+///
+/// let error = "gold".parse::<Plan>().unwrap_err();
+/// assert_eq!(error.name(), "gold");
+/// assert_eq!(error.known(), ["free", "pro"]);
+/// assert_eq!(error.to_string(), "unknown tier `gold` (known tiers: `free`, `pro`)");
+/// # }
+/// # #[cfg(not(feature = "macros"))]
+/// # fn main() {}
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParseTierError {
+    name: String,
+    known: &'static [&'static str],
+}
+
+impl ParseTierError {
+    /// What `#[rate_tiers]` expansions build; not public API.
+    #[doc(hidden)]
+    pub fn new(name: &str, known: &'static [&'static str]) -> Self {
+        ParseTierError {
+            name: name.to_owned(),
+            known,
+        }
+    }
+
+    /// The name that was not found.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The names of the enum's tiers, in declaration order.
+    pub fn known(&self) -> &'static [&'static str] {
+        self.known
+    }
+}
+
+impl fmt::Display for ParseTierError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "unknown tier `{}` (known tiers: ", self.name)?;
+        for (i, known) in self.known.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "`{known}`")?;
+        }
+        f.write_str(")")
+    }
+}
+
+impl std::error::Error for ParseTierError {}

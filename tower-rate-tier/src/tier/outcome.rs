@@ -1,0 +1,246 @@
+//! What a check answers: [`RateLimitInfo`] (admitted), [`RateLimited`]
+//! (denied) or a [`CheckError`].
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::TierEntry;
+use crate::clock::Nanos;
+use crate::quota::Quota;
+use crate::storage::{BandState, BandStates, Decision, StorageError};
+
+/// The longest user id [`RateTier::check`](crate::RateTier::check) accepts,
+/// in bytes.
+pub const MAX_USER_ID_LEN: usize = 1024;
+
+/// The outcome of [`RateTier::check`](crate::RateTier::check).
+pub type CheckResult = Result<Result<RateLimitInfo, RateLimited>, CheckError>;
+
+/// A request was admitted: the state after the charge.
+#[derive(Clone, PartialEq, Eq)]
+pub struct RateLimitInfo {
+    /// The burst of the band closest to denying (`u32::MAX` when unlimited).
+    pub limit: u32,
+    /// Cost units that band could still admit now.
+    pub remaining: u32,
+    /// Time until that band is full again.
+    pub reset_after: Duration,
+    pub(crate) detail: Detail,
+}
+
+/// A request was denied; nothing was charged.
+#[derive(Clone, PartialEq, Eq)]
+pub struct RateLimited {
+    /// The burst of the band that denied.
+    pub limit: u32,
+    /// Cost units that band could still admit now (fewer than the cost).
+    pub remaining: u32,
+    /// Time until the same request would be admitted.
+    pub retry_after: Duration,
+    /// Time until the band that denied is full again.
+    pub reset_after: Duration,
+    pub(crate) detail: Detail,
+}
+
+/// What both outcomes carry for the response headers.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct Detail {
+    pub(crate) tier: Arc<TierEntry>,
+    pub(crate) now: Nanos,
+    pub(crate) bands: BandStates,
+    /// The index of the reported band.
+    pub(crate) band: usize,
+}
+
+macro_rules! outcome_accessors {
+    ($ty:ty) => {
+        impl $ty {
+            /// The tier's name.
+            pub fn tier(&self) -> &str {
+                &self.detail.tier.name
+            }
+
+            /// Whether the tier is unlimited (no rate-limit headers).
+            pub fn is_unlimited(&self) -> bool {
+                self.detail.tier.unlimited
+            }
+
+            /// Every band of the tier with its state, in the tier's order.
+            pub fn bands(&self) -> impl Iterator<Item = (Quota, BandState)> + '_ {
+                self.detail
+                    .tier
+                    .bands
+                    .iter()
+                    .copied()
+                    .zip(self.detail.bands.iter().copied())
+            }
+
+            /// The storage's time of the decision, in nanoseconds since the
+            /// Unix epoch.
+            pub fn decided_at(&self) -> Nanos {
+                self.detail.now
+            }
+
+            /// When the reported band is full again, in Unix seconds
+            /// (rounded up): the `X-RateLimit-Reset` value.
+            pub fn reset_at_unix_secs(&self) -> u64 {
+                let at = u128::from(self.detail.now) + self.reset_after.as_nanos();
+                u64::try_from(at.div_ceil(1_000_000_000)).unwrap_or(u64::MAX)
+            }
+        }
+
+        impl fmt::Debug for $ty {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                let mut d = f.debug_struct(stringify!($ty));
+                d.field("tier", &self.tier());
+                d.field("limit", &self.limit);
+                d.field("remaining", &self.remaining);
+                d.field("reset_after", &self.reset_after);
+                d.finish_non_exhaustive()
+            }
+        }
+    };
+}
+
+outcome_accessors!(RateLimitInfo);
+outcome_accessors!(RateLimited);
+
+impl RateLimitInfo {
+    /// The state after `units` were given back (same instant): what a refund
+    /// of the storage did to every band.
+    pub(crate) fn refunded(&mut self, units: u32) {
+        if self.detail.tier.unlimited {
+            return;
+        }
+        let mut bands = self.detail.bands.clone();
+        for (state, quota) in bands.iter_mut().zip(self.detail.tier.bands.iter()) {
+            let interval = u128::from(quota.emission_interval_nanos());
+            let tolerance = interval * u128::from(quota.burst());
+            let used = u128::from(state.reset_after_ns).saturating_sub(interval * u128::from(units));
+            state.reset_after_ns = u64::try_from(used).unwrap_or(u64::MAX);
+            state.remaining = u32::try_from((tolerance - used.min(tolerance)) / interval).unwrap_or(u32::MAX);
+        }
+        let decision = Decision::new(true, self.detail.now, bands);
+        if let Ok(info) = outcome(&self.detail.tier, decision) {
+            *self = info;
+        }
+    }
+
+    /// The admission of an unlimited tier: no state, no headers.
+    pub(crate) fn unlimited(tier: &Arc<TierEntry>, now: Nanos) -> Self {
+        RateLimitInfo {
+            limit: u32::MAX,
+            remaining: u32::MAX,
+            reset_after: Duration::ZERO,
+            detail: Detail {
+                tier: tier.clone(),
+                now,
+                bands: BandStates::new(),
+                band: 0,
+            },
+        }
+    }
+}
+
+impl RateLimited {
+    /// `Retry-After` in whole seconds, rounded up, never 0.
+    pub fn retry_after_secs(&self) -> u64 {
+        let nanos = self.retry_after.as_nanos();
+        u64::try_from(nanos.div_ceil(1_000_000_000))
+            .unwrap_or(u64::MAX)
+            .max(1)
+    }
+}
+
+/// Turns a storage decision into the public outcome, reporting the band
+/// closest to denying (admitted) or the band that denies longest (denied).
+pub(crate) fn outcome(tier: &Arc<TierEntry>, d: Decision) -> Result<RateLimitInfo, RateLimited> {
+    let pick = if d.allowed {
+        d.bands.iter().enumerate().min_by(|(_, a), (_, b)| {
+            a.remaining
+                .cmp(&b.remaining)
+                .then(b.reset_after_ns.cmp(&a.reset_after_ns))
+        })
+    } else {
+        d.bands.iter().enumerate().max_by_key(|(_, s)| s.retry_after_ns)
+    };
+    let (band, state) = pick.map(|(i, s)| (i, *s)).unwrap_or_default();
+    let limit = tier.bands.get(band).map_or(0, Quota::burst);
+    let detail = Detail {
+        tier: tier.clone(),
+        now: d.now,
+        bands: d.bands,
+        band,
+    };
+    let reset_after = Duration::from_nanos(state.reset_after_ns);
+    if d.allowed {
+        Ok(RateLimitInfo {
+            limit,
+            remaining: state.remaining,
+            reset_after,
+            detail,
+        })
+    } else {
+        Err(RateLimited {
+            limit,
+            remaining: state.remaining,
+            retry_after: Duration::from_nanos(state.retry_after_ns),
+            reset_after,
+            detail,
+        })
+    }
+}
+
+/// Why a check could not be decided.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum CheckError {
+    /// The tier name is not configured.
+    UnknownTier(String),
+    /// The storage failed.
+    Storage(StorageError),
+    /// The cost exceeds the tier's burst (of its smallest band): the request
+    /// could never pass. Nothing was charged.
+    CostExceedsLimit {
+        /// The tier.
+        tier: String,
+        /// The cost asked for.
+        cost: u32,
+        /// The most a request of this tier may cost.
+        limit: u32,
+    },
+    /// The user id is empty or longer than [`MAX_USER_ID_LEN`] bytes.
+    InvalidUserId,
+}
+
+impl fmt::Display for CheckError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CheckError::UnknownTier(t) => write!(f, "unknown tier `{t}`"),
+            CheckError::Storage(e) => e.fmt(f),
+            CheckError::CostExceedsLimit { tier, cost, limit } => write!(
+                f,
+                "a request costing {cost} can never pass tier `{tier}`, whose burst is {limit}"
+            ),
+            CheckError::InvalidUserId => {
+                write!(f, "the user id is empty or longer than {MAX_USER_ID_LEN} bytes")
+            }
+        }
+    }
+}
+
+impl std::error::Error for CheckError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            CheckError::Storage(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<StorageError> for CheckError {
+    fn from(e: StorageError) -> Self {
+        CheckError::Storage(e)
+    }
+}
