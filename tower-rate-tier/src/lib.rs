@@ -97,7 +97,7 @@ pub use cost::{TierCost, TierCostLayer, TierCostService, tier_cost};
 pub use future::ResponseFuture;
 pub use identity::{PeerAddr, TierIdentifier, TierIdentity};
 pub use layer::{OnStorageError, OnUnknownTier, RateLimitEvent, TierLimitLayer};
-pub use quota::{IntoQuotas, Quota};
+pub use quota::{IntoQuotas, Quota, QuotaError};
 pub use service::TierLimitService;
 pub use tier::{
     BuildError, CheckError, CheckResult, IntoTierName, OnMissing, RateLimitInfo, RateLimited, RateTier,

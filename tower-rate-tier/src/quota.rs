@@ -13,22 +13,46 @@
 //! assert_eq!(q.emission_interval(), Duration::from_secs(6));
 //! assert_eq!(Quota::per_hour(5_000).with_burst(200).burst(), 200);
 //! assert!(Quota::unlimited().is_unlimited());
+//! assert_eq!(Quota::per_week(7), Quota::per_day(1).with_burst(7));
+//! let fortnight = Quota::per_period(14, Duration::from_secs(14 * 86_400));
+//! assert_eq!(fortnight.emission_interval(), Duration::from_secs(86_400));
 //! ```
+//!
+//! # Long periods refill continuously
+//!
+//! The GCRA has no windows that reset: a quota of 3,000 per 30 days admits
+//! 3,000 requests at once and then one more every 864 s (30 days / 3,000),
+//! so a client that used its burst on the 1st gets requests back through the
+//! month rather than all on the 31st. A 30-day quota is not a calendar month;
+//! the period is a fixed [`Duration`] (no month lengths, time zones or leap
+//! seconds).
+//!
+//! # Values from configuration
+//!
+//! The `per_*` constructors are `const fn` and panic on a zero count. For
+//! values read at run time, the `try_*` twins ([`Quota::try_per_period`],
+//! [`Quota::try_per_hour`], [`Quota::try_with_burst`], ..) return a
+//! [`QuotaError`] instead, and also refuse a rate finer than one request per
+//! microsecond, which the Redis storage cannot count.
 //!
 //! # Rounding
 //!
 //! Time is kept in nanoseconds. A period that does not divide evenly by `n`
 //! gives an emission interval rounded *up*, so a quota never admits more than
 //! it says: `Quota::per_second(3)` admits one request every 333,333,334 ns.
-//! A rate finer than one request per nanosecond (only `per_second(n)` with
-//! `n > 1_000_000_000` can ask for it) is clamped to one per nanosecond. The
-//! Redis storage keeps microseconds and rounds the interval up to a whole
-//! microsecond in the same way (at most 1,000,000 requests per second per
-//! key there).
+//! A rate finer than one request per nanosecond (`per_second(n)` with
+//! `n > 1_000_000_000`, or a `per_period` as fine) is clamped to one per
+//! nanosecond. The Redis storage keeps microseconds and rounds the interval
+//! up to a whole microsecond in the same way (at most 1,000,000 requests per
+//! second per key there).
 
+use std::fmt;
 use std::time::Duration;
 
 const NANOS_PER_SEC: u64 = 1_000_000_000;
+/// The finest emission interval the `try_*` constructors accept: the Redis
+/// storage counts in microseconds.
+const MIN_CHECKED_INTERVAL_NS: u128 = 1_000;
 
 /// A rate limit: `n` requests per period, with a burst.
 ///
@@ -42,7 +66,7 @@ pub struct Quota {
 }
 
 impl Quota {
-    const fn per_period(n: u32, period_ns: u64, what: &'static str) -> Quota {
+    const fn per_period_ns(n: u32, period_ns: u64, what: &'static str) -> Quota {
         if n == 0 {
             // `what` names the constructor; const fn panics need a literal.
             let _ = what;
@@ -64,22 +88,120 @@ impl Quota {
 
     /// `n` requests per second, burst `n`. Panics if `n` is 0.
     pub const fn per_second(n: u32) -> Quota {
-        Quota::per_period(n, NANOS_PER_SEC, "per_second")
+        Quota::per_period_ns(n, NANOS_PER_SEC, "per_second")
     }
 
     /// `n` requests per minute, burst `n`. Panics if `n` is 0.
     pub const fn per_minute(n: u32) -> Quota {
-        Quota::per_period(n, 60 * NANOS_PER_SEC, "per_minute")
+        Quota::per_period_ns(n, 60 * NANOS_PER_SEC, "per_minute")
     }
 
     /// `n` requests per hour, burst `n`. Panics if `n` is 0.
     pub const fn per_hour(n: u32) -> Quota {
-        Quota::per_period(n, 3_600 * NANOS_PER_SEC, "per_hour")
+        Quota::per_period_ns(n, 3_600 * NANOS_PER_SEC, "per_hour")
     }
 
     /// `n` requests per day, burst `n`. Panics if `n` is 0.
     pub const fn per_day(n: u32) -> Quota {
-        Quota::per_period(n, 86_400 * NANOS_PER_SEC, "per_day")
+        Quota::per_period_ns(n, 86_400 * NANOS_PER_SEC, "per_day")
+    }
+
+    /// `n` requests per week (7 days), burst `n`. Panics if `n` is 0.
+    pub const fn per_week(n: u32) -> Quota {
+        Quota::per_period_ns(n, 7 * 86_400 * NANOS_PER_SEC, "per_week")
+    }
+
+    /// `n` requests per `period`, burst `n`: any period from a nanosecond to
+    /// about 584 years.
+    ///
+    /// The bucket refills continuously (see the [module documentation](self)):
+    /// `Quota::per_period(3_000, Duration::from_secs(30 * 86_400))` admits
+    /// 3,000 requests at once and then one more every 864 s, whatever the
+    /// calendar says; it is not a quota that resets on the first of the
+    /// month.
+    ///
+    /// Panics if `n` or `period` is zero, or if `period` is longer than
+    /// `u64::MAX` nanoseconds. For values read from configuration, use
+    /// [`Quota::try_per_period`], which returns these as a [`QuotaError`].
+    pub const fn per_period(n: u32, period: Duration) -> Quota {
+        match Quota::checked(n, period) {
+            Ok(quota) => quota,
+            Err(QuotaError::ZeroCount) => panic!(
+                "a quota needs a non-zero request count (Quota::per_period(0, ..) admits nothing; use a tier that denies instead)"
+            ),
+            Err(QuotaError::ZeroPeriod) => {
+                panic!("a quota needs a non-zero period (Quota::per_period(n, Duration::ZERO))")
+            }
+            Err(_) => panic!("a quota's period must fit in u64 nanoseconds (about 584 years)"),
+        }
+    }
+
+    /// `n` per `period` with the checks every constructor shares; the
+    /// interval is clamped to 1 ns like [`Quota::per_second`]'s.
+    const fn checked(n: u32, period: Duration) -> Result<Quota, QuotaError> {
+        if n == 0 {
+            return Err(QuotaError::ZeroCount);
+        }
+        if period.is_zero() {
+            return Err(QuotaError::ZeroPeriod);
+        }
+        let period_ns = period.as_nanos();
+        if period_ns > u64::MAX as u128 {
+            return Err(QuotaError::PeriodTooLong { period });
+        }
+        Ok(Quota::per_period_ns(n, period_ns as u64, "per_period"))
+    }
+
+    /// `n` requests per `period`, burst `n`, or why that is not a quota: a
+    /// zero count or period, a period over `u64::MAX` nanoseconds, or an
+    /// emission interval (`period / n`) under one microsecond, which the
+    /// Redis storage cannot count.
+    ///
+    /// Meant for values read from configuration; the refill is continuous,
+    /// as for [`Quota::per_period`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_rate_tier::{Quota, QuotaError};
+    ///
+    /// let month = Duration::from_secs(30 * 86_400);
+    /// assert_eq!(Quota::try_per_period(3_000, month)?.emission_interval(), Duration::from_secs(864));
+    /// assert_eq!(Quota::try_per_period(0, month), Err(QuotaError::ZeroCount));
+    /// # Ok::<(), QuotaError>(())
+    /// ```
+    pub const fn try_per_period(n: u32, period: Duration) -> Result<Quota, QuotaError> {
+        match Quota::checked(n, period) {
+            // Exact comparison: `period / n` itself, before rounding up.
+            Ok(_) if period.as_nanos() < MIN_CHECKED_INTERVAL_NS * n as u128 => {
+                Err(QuotaError::IntervalTooShort { count: n, period })
+            }
+            other => other,
+        }
+    }
+
+    /// [`Quota::per_second`], or a [`QuotaError`] (see [`Quota::try_per_period`]).
+    pub const fn try_per_second(n: u32) -> Result<Quota, QuotaError> {
+        Quota::try_per_period(n, Duration::from_secs(1))
+    }
+
+    /// [`Quota::per_minute`], or a [`QuotaError`] (see [`Quota::try_per_period`]).
+    pub const fn try_per_minute(n: u32) -> Result<Quota, QuotaError> {
+        Quota::try_per_period(n, Duration::from_secs(60))
+    }
+
+    /// [`Quota::per_hour`], or a [`QuotaError`] (see [`Quota::try_per_period`]).
+    pub const fn try_per_hour(n: u32) -> Result<Quota, QuotaError> {
+        Quota::try_per_period(n, Duration::from_secs(3_600))
+    }
+
+    /// [`Quota::per_day`], or a [`QuotaError`] (see [`Quota::try_per_period`]).
+    pub const fn try_per_day(n: u32) -> Result<Quota, QuotaError> {
+        Quota::try_per_period(n, Duration::from_secs(86_400))
+    }
+
+    /// [`Quota::per_week`], or a [`QuotaError`] (see [`Quota::try_per_period`]).
+    pub const fn try_per_week(n: u32) -> Result<Quota, QuotaError> {
+        Quota::try_per_period(n, Duration::from_secs(7 * 86_400))
     }
 
     /// A quota with no limit: requests are never counted or denied, and
@@ -104,6 +226,14 @@ impl Quota {
             interval_ns: self.interval_ns,
             burst,
         }
+    }
+
+    /// [`Quota::with_burst`], or [`QuotaError::ZeroBurst`] for a zero burst.
+    pub const fn try_with_burst(self, burst: u32) -> Result<Quota, QuotaError> {
+        if burst == 0 {
+            return Err(QuotaError::ZeroBurst);
+        }
+        Ok(self.with_burst(burst))
     }
 
     /// Whether this is [`Quota::unlimited`].
@@ -134,11 +264,83 @@ impl Quota {
     }
 
     /// The IETF `w` parameter: seconds an emptied burst takes to refill,
-    /// rounded up.
+    /// rounded up, 0 when unlimited.
+    ///
+    /// Each of the `burst` intervals was rounded up by less than a
+    /// nanosecond; an excess over a whole second that this rounding explains
+    /// is left out, so a quota of `n` per period with burst `n` has the period
+    /// as its window: `Quota::per_second(3)` has `w = 1`, 7 per 30 days has
+    /// `w = 2_592_000`.
     pub const fn window_secs(&self) -> u64 {
-        self.refill_nanos().div_ceil(NANOS_PER_SEC)
+        if self.is_unlimited() {
+            return 0;
+        }
+        // u128: a year-long interval times a large burst exceeds u64 nanos.
+        let refill = self.interval_ns as u128 * self.burst as u128;
+        let nanos_per_sec = NANOS_PER_SEC as u128;
+        let (whole, excess) = (refill / nanos_per_sec, refill % nanos_per_sec);
+        let secs = if excess < self.burst as u128 {
+            whole
+        } else {
+            whole + 1
+        };
+        if secs > u64::MAX as u128 {
+            u64::MAX
+        } else {
+            secs as u64
+        }
     }
 }
+
+/// Why [`Quota::try_per_period`] (or another `try_*` constructor) refused
+/// its values.
+#[derive(Clone, PartialEq, Eq, Debug)]
+#[non_exhaustive]
+pub enum QuotaError {
+    /// A request count of 0, which would admit nothing.
+    ZeroCount,
+    /// A period of zero.
+    ZeroPeriod,
+    /// A burst of 0 ([`Quota::try_with_burst`]), which would admit nothing.
+    ZeroBurst,
+    /// `period / count` is under one microsecond, finer than the Redis
+    /// storage counts (at most 1,000,000 requests per second per key).
+    IntervalTooShort {
+        /// The requested count.
+        count: u32,
+        /// The requested period.
+        period: Duration,
+    },
+    /// A period longer than `u64::MAX` nanoseconds (about 584 years).
+    PeriodTooLong {
+        /// The requested period.
+        period: Duration,
+    },
+}
+
+impl fmt::Display for QuotaError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            QuotaError::ZeroCount => f.write_str("a quota needs a non-zero request count (0 admits nothing)"),
+            QuotaError::ZeroPeriod => f.write_str("a quota needs a non-zero period"),
+            QuotaError::ZeroBurst => f.write_str("a quota needs a non-zero burst (0 admits nothing)"),
+            QuotaError::IntervalTooShort { count, period } => {
+                let most = period.as_nanos() / MIN_CHECKED_INTERVAL_NS;
+                write!(
+                    f,
+                    "{count} requests per {period:?} is more than one per microsecond, \
+                     the finest rate the Redis storage counts (at most {most} per {period:?})"
+                )
+            }
+            QuotaError::PeriodTooLong { period } => write!(
+                f,
+                "a quota's period must fit in u64 nanoseconds (about 584 years); got {period:?}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for QuotaError {}
 
 /// Anything that gives the bands of a tier: one [`Quota`], an array, a slice
 /// or a `Vec` of them. Every band must admit a request.
@@ -211,5 +413,142 @@ mod tests {
         assert_eq!(q.refill_nanos(), u64::MAX);
         let q = Quota::per_second(u32::MAX).with_burst(u32::MAX);
         assert_eq!(q.refill_nanos(), u32::MAX as u64);
+    }
+
+    const DAY: u64 = 86_400;
+
+    fn days(n: u64) -> Duration {
+        Duration::from_secs(n * DAY)
+    }
+
+    #[test]
+    fn any_period() {
+        const MONTH: Quota = Quota::per_period(3_000, Duration::from_secs(30 * DAY));
+        assert_eq!(MONTH.emission_interval(), Duration::from_secs(864));
+        assert_eq!(MONTH.burst(), 3_000);
+        assert_eq!(Quota::per_week(7), Quota::per_day(1).with_burst(7));
+        assert_eq!(
+            Quota::per_period(60, Duration::from_secs(60)),
+            Quota::per_minute(60)
+        );
+        assert_eq!(
+            Quota::per_period(3, Duration::from_nanos(2)).emission_interval_nanos(),
+            1
+        );
+    }
+
+    #[test]
+    fn long_windows_are_the_period() {
+        assert_eq!(Quota::per_period(3_000, days(30)).window_secs(), 2_592_000);
+        // 30 days / 7 rounds the interval up; the window stays 30 days.
+        let q = Quota::per_period(7, days(30));
+        assert_eq!(q.emission_interval_nanos(), 370_285_714_285_715);
+        assert_eq!(q.window_secs(), 2_592_000);
+        assert_eq!(Quota::per_period(1, days(365)).window_secs(), 31_536_000);
+        assert_eq!(Quota::per_week(10_000).window_secs(), 7 * DAY);
+        assert_eq!(Quota::per_second(3).window_secs(), 1);
+        // A year per request with the largest burst: past u64 nanoseconds.
+        let q = Quota::per_period(1, days(365)).with_burst(u32::MAX);
+        assert_eq!(q.refill_nanos(), u64::MAX);
+        assert_eq!(q.window_secs(), 31_536_000 * u32::MAX as u64);
+    }
+
+    #[test]
+    fn try_constructors_refuse_instead_of_panicking() {
+        assert_eq!(Quota::try_per_period(0, days(30)), Err(QuotaError::ZeroCount));
+        assert_eq!(Quota::try_per_hour(0), Err(QuotaError::ZeroCount));
+        assert_eq!(
+            Quota::try_per_period(5, Duration::ZERO),
+            Err(QuotaError::ZeroPeriod)
+        );
+        assert_eq!(
+            Quota::try_per_period(0, Duration::ZERO),
+            Err(QuotaError::ZeroCount)
+        );
+        assert_eq!(
+            Quota::try_per_period(1, Duration::MAX),
+            Err(QuotaError::PeriodTooLong {
+                period: Duration::MAX
+            })
+        );
+        assert_eq!(Quota::per_hour(1).try_with_burst(0), Err(QuotaError::ZeroBurst));
+        assert_eq!(
+            Quota::per_hour(1).try_with_burst(5),
+            Ok(Quota::per_hour(1).with_burst(5))
+        );
+    }
+
+    #[test]
+    fn try_constructors_agree_with_the_panicking_ones() {
+        const HOUR: Result<Quota, QuotaError> = Quota::try_per_hour(5_000);
+        assert_eq!(HOUR, Ok(Quota::per_hour(5_000)));
+        assert_eq!(Quota::try_per_second(10), Ok(Quota::per_second(10)));
+        assert_eq!(Quota::try_per_minute(10), Ok(Quota::per_minute(10)));
+        assert_eq!(Quota::try_per_day(10), Ok(Quota::per_day(10)));
+        assert_eq!(Quota::try_per_week(10), Ok(Quota::per_week(10)));
+        assert_eq!(
+            Quota::try_per_period(7, days(30)),
+            Ok(Quota::per_period(7, days(30)))
+        );
+    }
+
+    #[test]
+    fn sub_microsecond_intervals_are_refused() {
+        let per_second = Duration::from_secs(1);
+        assert_eq!(
+            Quota::try_per_second(1_000_001),
+            Err(QuotaError::IntervalTooShort {
+                count: 1_000_001,
+                period: per_second
+            })
+        );
+        assert_eq!(
+            Quota::try_per_second(1_000_000).map(|q| q.emission_interval_nanos()),
+            Ok(1_000)
+        );
+        // 2,999 ns / 3 rounds up to 1 µs, but the rate asked for is finer.
+        assert!(Quota::try_per_period(3, Duration::from_nanos(2_999)).is_err());
+        assert!(Quota::try_per_period(3, Duration::from_nanos(3_000)).is_ok());
+        // The panicking constructors keep clamping.
+        assert_eq!(
+            Quota::per_period(1_000_001, per_second).emission_interval_nanos(),
+            1_000
+        );
+    }
+
+    #[test]
+    fn errors_explain_themselves() {
+        let error: Box<dyn std::error::Error> = Box::new(QuotaError::IntervalTooShort {
+            count: 2_000_000,
+            period: Duration::from_secs(1),
+        });
+        assert_eq!(
+            error.to_string(),
+            "2000000 requests per 1s is more than one per microsecond, the finest rate \
+             the Redis storage counts (at most 1000000 per 1s)"
+        );
+        assert_eq!(
+            QuotaError::ZeroCount.to_string(),
+            "a quota needs a non-zero request count (0 admits nothing)"
+        );
+        assert!(
+            QuotaError::PeriodTooLong {
+                period: Duration::MAX
+            }
+            .to_string()
+            .contains("584 years")
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "non-zero period")]
+    fn zero_period_panics() {
+        let _ = Quota::per_period(1, Duration::ZERO);
+    }
+
+    #[test]
+    #[should_panic(expected = "non-zero request count")]
+    fn zero_count_per_period_panics() {
+        let _ = Quota::per_period(0, days(30));
     }
 }
