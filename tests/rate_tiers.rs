@@ -2,6 +2,7 @@
 //! and the limiter built from it.
 
 use std::collections::HashSet;
+use std::time::Duration;
 
 use tower_rate_tier::clock::FakeClock;
 use tower_rate_tier::{ParseTierError, Quota, RateTier, TierTable, rate_tiers};
@@ -39,6 +40,33 @@ enum Internal {
     Gone,
     #[tier(per_minute = 3u32)]
     Batch2,
+}
+
+/// Limits kept as constants, as a service reads them from its settings
+/// module.
+mod limits {
+    pub(crate) const FREE_PER_HOUR: u32 = 250;
+    pub(crate) const TEAM_BURST: u32 = 40;
+    pub(crate) const MONTH_SECS: u64 = 30 * 86_400;
+}
+
+/// The other ways to write a band: `const` paths, `per_week`, and any period
+/// with `count` and `period_secs`.
+#[rate_tiers]
+enum Configured {
+    #[tier(per_hour = limits::FREE_PER_HOUR)]
+    Free,
+    #[tier(per_minute = 600, burst = limits::TEAM_BURST)]
+    Team,
+    #[tier(per_week = 10_000)]
+    Weekly,
+    #[tier(count = 50, period_secs = 900)]
+    Quarter,
+    #[tier(count = 3_000, period_secs = limits::MONTH_SECS)]
+    Monthly,
+    // The custom band keeps its place among the others.
+    #[tier(per_second = 5, period_secs = 3_600, count = limits::FREE_PER_HOUR, per_day = 2_000)]
+    Mixed,
 }
 
 #[test]
@@ -82,6 +110,47 @@ fn quotas_are_the_configured_bands() {
     assert_eq!(Internal::Batch2.tier_quotas(), [Quota::per_minute(3)]);
     const PRO: &[Quota] = Plan::Pro.quotas();
     assert_eq!(PRO[0].burst(), 200);
+}
+
+#[test]
+fn consts_weeks_and_any_period_give_the_same_quotas_as_the_constructors() {
+    assert_eq!(Configured::Free.quotas(), [Quota::per_hour(250)]);
+    assert_eq!(Configured::Team.quotas(), [Quota::per_minute(600).with_burst(40)]);
+    assert_eq!(Configured::Weekly.quotas(), [Quota::per_week(10_000)]);
+    assert_eq!(
+        Configured::Quarter.quotas(),
+        [Quota::per_period(50, Duration::from_secs(900))]
+    );
+    let month = Duration::from_secs(30 * 86_400);
+    assert_eq!(Configured::Monthly.quotas(), [Quota::per_period(3_000, month)]);
+    assert_eq!(
+        Configured::Mixed.quotas(),
+        [Quota::per_second(5), Quota::per_hour(250), Quota::per_day(2_000)]
+    );
+    // What the headers advertise: the period, in seconds.
+    let windows: Vec<u64> = Configured::ALL
+        .iter()
+        .map(|t| t.quotas()[0].window_secs())
+        .collect();
+    assert_eq!(windows, [3_600, 4, 604_800, 900, 2_592_000, 1]);
+}
+
+#[tokio::test]
+async fn a_thirty_day_tier_refills_continuously() {
+    let clock = FakeClock::new();
+    let tiers = RateTier::builder()
+        .tiers::<Configured>()
+        .clock(clock.clone())
+        .build();
+    for _ in 0..3_000 {
+        assert!(tiers.check("ada", "monthly", 1).await.unwrap().is_ok());
+    }
+    let denied = tiers.check("ada", "monthly", 1).await.unwrap().unwrap_err();
+    // 30 days / 3,000: one more request every 864 s, not on the 31st.
+    assert_eq!(denied.retry_after, Duration::from_secs(864));
+    clock.advance(Duration::from_secs(864));
+    assert!(tiers.check("ada", "monthly", 1).await.unwrap().is_ok());
+    assert!(tiers.check("ada", "monthly", 1).await.unwrap().is_err());
 }
 
 #[test]

@@ -47,11 +47,42 @@ mod tier_cost;
 ///
 /// | key | meaning |
 /// | --- | --- |
-/// | `per_second = n`, `per_minute = n`, `per_hour = n`, `per_day = n` | a band: `n` requests per period (`n` a non-zero `u32` literal); several keys make a multi-band tier whose bands must all admit a request |
+/// | `per_second = n`, `per_minute = n`, `per_hour = n`, `per_day = n`, `per_week = n` | a band: `n` requests per period (`n` a non-zero `u32`); several keys make a multi-band tier whose bands must all admit a request |
+/// | `count = n, period_secs = s` | a band of `n` requests per `s` seconds (`s` a non-zero `u64`), for any other period; the two go together |
 /// | `unlimited` | no limit (instead of bands) |
 /// | `burst = n` | the burst of a one-band tier (default `n` of the band) |
 /// | `name = ".."` | the tier's name (default: the variant in snake case, `TeamPlus` -> `team_plus`; 1 to 255 bytes) |
 /// | `default` | the tier of unidentified clients (at most one variant) |
+///
+/// A number is an integer literal or the path of a `const` of the right
+/// type (`per_hour = limits::FREE_PER_HOUR`); a `const` that is zero is a
+/// compile error on its path, like a literal zero.
+///
+/// A long period refills continuously, as every quota does:
+/// `count = 3_000, period_secs = 2_592_000` admits 3,000 requests at once,
+/// then one more every 864 seconds; it is 30 days, not a calendar month.
+///
+/// ```ignore
+/// mod limits {
+///     pub const FREE_PER_HOUR: u32 = 100;
+/// }
+///
+/// #[rate_tiers]
+/// pub enum Plan {
+///     #[tier(per_hour = limits::FREE_PER_HOUR)]
+///     Free,
+///     #[tier(per_second = 20, per_week = 500_000)]
+///     Pro,
+///     #[tier(count = 3_000, period_secs = 2_592_000)]
+///     Monthly,
+/// }
+///
+/// assert_eq!(Plan::Free.quotas(), [Quota::per_hour(100)]);
+/// assert_eq!(
+///     Plan::Monthly.quotas(),
+///     [Quota::per_period(3_000, Duration::from_secs(30 * 86_400))]
+/// );
+/// ```
 ///
 /// # What it generates
 ///
@@ -87,8 +118,9 @@ pub fn rate_tiers(args: TokenStream, item: TokenStream) -> TokenStream {
 /// }
 /// ```
 ///
-/// It takes one integer literal that fits a `u32` and goes on an `async fn`
-/// that is not a method (no `self`). The expansion merges an extractor that
+/// It takes one cost, an integer literal that fits a `u32` or the path of a
+/// `u32` `const` (`#[tier_cost(costs::SEARCH)]`; 0 is a valid cost), and goes
+/// on an `async fn` that is not a method (no `self`). The expansion merges an extractor that
 /// settles the charge into the handler's first argument, as a tuple
 /// (`(__trt_cost, State(app)): (TierCostGuard<5>, State<App>)`), so the
 /// handler keeps its arity (axum's limit of 16 extractors still holds) and

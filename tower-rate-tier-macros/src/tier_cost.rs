@@ -29,8 +29,15 @@ fn with_errors(mut tokens: TokenStream, errors: Errors) -> TokenStream {
     tokens
 }
 
-/// The one integer literal that fits a `u32`.
-fn parse_cost(args: TokenStream, errors: &mut Errors) -> Option<u32> {
+/// The cost as written: a literal, or the path of a `const` (whose type the
+/// compiler checks against the guard's `u32` parameter).
+enum Cost {
+    Lit(u32),
+    Const(syn::Path),
+}
+
+/// The one integer literal that fits a `u32`, or the path of a `const`.
+fn parse_cost(args: TokenStream, errors: &mut Errors) -> Option<Cost> {
     if args.is_empty() {
         errors.at(
             Span::call_site(),
@@ -55,6 +62,9 @@ fn parse_cost(args: TokenStream, errors: &mut Errors) -> Option<u32> {
         Expr::Lit(ExprLit {
             lit: Lit::Int(lit), ..
         }) => lit,
+        Expr::Path(syn::ExprPath {
+            qself: None, path, ..
+        }) => return Some(Cost::Const(path.clone())),
         Expr::Unary(syn::ExprUnary {
             op: syn::UnOp::Neg(_),
             ..
@@ -72,7 +82,7 @@ fn parse_cost(args: TokenStream, errors: &mut Errors) -> Option<u32> {
         return None;
     }
     match lit.base10_parse::<u32>() {
-        Ok(cost) => Some(cost),
+        Ok(cost) => Some(Cost::Lit(cost)),
         Err(_) => {
             errors.spanned(
                 lit,
@@ -120,9 +130,13 @@ fn check_handler(item: Item, errors: &mut Errors) -> Result<ItemFn, TokenStream>
 
 /// Merges `TierCostGuard<cost>` into the first argument (or makes it the
 /// only one), so the arity stays and the guard runs first.
-fn rewrite(cost: u32, mut handler: ItemFn) -> ItemFn {
+fn rewrite(cost: Cost, mut handler: ItemFn) -> ItemFn {
     let krate = krate::runtime();
-    let cost = Literal::u32_unsuffixed(cost);
+    let cost = match cost {
+        Cost::Lit(cost) => Literal::u32_unsuffixed(cost).into_token_stream(),
+        // Braced: a const argument that is a path would be read as a type.
+        Cost::Const(path) => quote!({ #path }),
+    };
     let guard_ty = quote!(#krate::__private::TierCostGuard<#cost>);
     let guard = Ident::new("__trt_cost", Span::mixed_site());
 
@@ -234,6 +248,28 @@ mod tests {
                 ::trt::__private::require_axum_feature!();
                 let _ = &__trt_cost;
                 body.push('!');
+                body
+            }
+        });
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn a_const_cost_is_a_braced_const_argument() {
+        let got = expand_str(
+            quote!(costs::SEARCH),
+            quote!(
+                async fn search(body: String) -> String {
+                    body
+                }
+            ),
+        );
+        let want = expected(quote! {
+            async fn search(
+                (__trt_cost, body): (::trt::__private::TierCostGuard<{ costs::SEARCH }>, String)
+            ) -> String {
+                ::trt::__private::require_axum_feature!();
+                let _ = &__trt_cost;
                 body
             }
         });

@@ -101,7 +101,7 @@ pub use identity::{PeerAddr, TierIdentifier, TierIdentity};
 pub use limit::{BufferedTierLimitLayer, BufferedTierLimitService};
 pub use limit::{ResponseFuture, TierLimitLayer, TierLimitService};
 pub use policy::{OnMissing, OnStorageError, OnUnknownTier};
-pub use quota::{IntoQuotas, Quota};
+pub use quota::{IntoQuotas, Quota, QuotaError};
 pub use tier::{
     BuildError, CheckError, CheckResult, IntoTierName, ParseTierError, RateLimitInfo, RateLimited, RateTier,
     RateTierBuilder, TierTable,

@@ -4,17 +4,15 @@
 //! represented (unknown or repeated keys, values of the wrong kind, counts
 //! beyond `u32`); rules between keys and variants are [`super::valid`]'s.
 
-use proc_macro2::{Span, TokenStream};
+use proc_macro2::TokenStream;
 use quote::ToTokens;
 use syn::meta::ParseNestedMeta;
 use syn::spanned::Spanned;
 use syn::{Attribute, Expr, ExprLit, Fields, Ident, ItemEnum, Lit, LitStr, Token, Variant as SynVariant};
 
+use super::keys::{self, Key, Unit};
+use super::number::Number;
 use crate::errors::Errors;
-
-/// The keys `#[tier(..)]` knows, for the "unknown key" message.
-const KEYS: &str =
-    "`per_second`, `per_minute`, `per_hour`, `per_day`, `unlimited`, `burst`, `name`, `default`";
 
 /// A `#[rate_tiers]` enum.
 pub(super) struct Input {
@@ -41,9 +39,17 @@ pub(super) struct Tier {
     /// A syntax error stopped the parsing: rules that look at the whole tier
     /// ("no band at all") are skipped, so no secondary error appears.
     pub(super) incomplete: bool,
+    /// The bands, in the order of their keys; `count` and `period_secs`
+    /// make one once both are read.
     pub(super) bands: Vec<Band>,
+    /// A `count` without `period_secs` (an error).
+    pub(super) count: Option<Keyed<Number<u32>>>,
+    /// A `period_secs` without `count` (an error).
+    pub(super) period_secs: Option<Keyed<Number<u64>>>,
+    /// The place among `bands` of the first of `count` and `period_secs`.
+    custom_at: usize,
     pub(super) unlimited: Option<Ident>,
-    pub(super) burst: Option<Keyed<Count>>,
+    pub(super) burst: Option<Keyed<Number<u32>>>,
     pub(super) name: Option<LitStr>,
     pub(super) default: Option<Ident>,
 }
@@ -54,50 +60,19 @@ pub(super) struct Keyed<T> {
     pub(super) value: T,
 }
 
-/// One band: `per_hour = 100`.
+/// One band: `per_hour = 100`, or `count = 50, period_secs = 900`.
 pub(super) struct Band {
-    pub(super) unit: Unit,
+    pub(super) period: Period,
+    /// `per_hour`, or `count`.
     pub(super) key: Ident,
-    pub(super) count: Count,
-}
-
-/// A count as written; `value` is `None` when the literal was already
-/// reported as wrong.
-#[derive(Clone, Copy)]
-pub(super) struct Count {
-    pub(super) value: Option<u32>,
-    pub(super) span: Span,
+    pub(super) count: Number<u32>,
 }
 
 /// The period of a band.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(super) enum Unit {
-    Second,
-    Minute,
-    Hour,
-    Day,
-}
-
-impl Unit {
-    fn from_key(key: &str) -> Option<Unit> {
-        Some(match key {
-            "per_second" => Unit::Second,
-            "per_minute" => Unit::Minute,
-            "per_hour" => Unit::Hour,
-            "per_day" => Unit::Day,
-            _ => return None,
-        })
-    }
-
-    /// The `Quota` constructor of this period.
-    pub(super) fn constructor(self) -> &'static str {
-        match self {
-            Unit::Second => "per_second",
-            Unit::Minute => "per_minute",
-            Unit::Hour => "per_hour",
-            Unit::Day => "per_day",
-        }
-    }
+pub(super) enum Period {
+    Unit(Unit),
+    /// `period_secs = s`.
+    Secs(Keyed<Number<u64>>),
 }
 
 impl Input {
@@ -144,6 +119,9 @@ impl Variant {
             }
         }
         variant.attrs = kept;
+        if let Some(tier) = &mut tier {
+            tier.pair_custom_band();
+        }
         let fields = match &variant.fields {
             Fields::Unit => None,
             fields => Some(fields.clone()),
@@ -173,6 +151,9 @@ impl Tier {
             tokens: TokenStream::new(),
             incomplete: false,
             bands: Vec::new(),
+            count: None,
+            period_secs: None,
+            custom_at: 0,
             unlimited: None,
             burst: None,
             name: None,
@@ -188,7 +169,8 @@ impl Tier {
         let result = attr.parse_nested_meta(|meta| {
             let Some(key) = meta.path.get_ident().cloned() else {
                 skip_value(&meta)?;
-                errors.spanned(&meta.path, format_args!("unknown key; expected one of {KEYS}"));
+                let keys = keys::listed();
+                errors.spanned(&meta.path, format_args!("unknown key; expected one of {keys}"));
                 seen_unknown = true;
                 return Ok(());
             };
@@ -211,61 +193,109 @@ impl Tier {
         seen_unknown: &mut bool,
     ) -> syn::Result<()> {
         let name = key.to_string();
-        let repeated = match name.as_str() {
-            "unlimited" => self.unlimited.is_some(),
-            "default" => self.default.is_some(),
-            "burst" => self.burst.is_some(),
-            "name" => self.name.is_some(),
-            other => match Unit::from_key(other) {
-                Some(unit) => self.bands.iter().any(|band| band.unit == unit),
-                None => {
-                    skip_value(meta)?;
-                    errors.spanned(&key, format_args!("unknown key `{name}`; expected one of {KEYS}"));
-                    *seen_unknown = true;
-                    return Ok(());
-                }
-            },
+        let Some(kind) = Key::from_name(&name) else {
+            skip_value(meta)?;
+            errors.spanned(&key, keys::unknown(&name));
+            *seen_unknown = true;
+            return Ok(());
+        };
+        let repeated = match kind {
+            Key::Unlimited => self.unlimited.is_some(),
+            Key::Default => self.default.is_some(),
+            Key::Burst => self.burst.is_some(),
+            Key::Name => self.name.is_some(),
+            Key::Count => self.count.is_some(),
+            Key::PeriodSecs => self.period_secs.is_some(),
+            Key::Band(unit) => self
+                .bands
+                .iter()
+                .any(|band| matches!(band.period, Period::Unit(u) if u == unit)),
         };
         if repeated {
             skip_value(meta)?;
             errors.spanned(&key, format_args!("`{name}` specified more than once"));
             return Ok(());
         }
-        match name.as_str() {
-            "unlimited" | "default" => {
+        match kind {
+            Key::Unlimited | Key::Default => {
                 if let Some(value) = skip_value(meta)? {
                     errors.spanned(value, format_args!("`{name}` takes no value"));
                 }
-                if name == "unlimited" {
+                if kind == Key::Unlimited {
                     self.unlimited = Some(key);
                 } else {
                     self.default = Some(key);
                 }
             }
-            "name" => match value_of(&key, meta, "name = \"..\"", errors)? {
+            Key::Name => match value_of(&key, meta, "name = \"..\"", errors)? {
                 Some(Expr::Lit(ExprLit {
                     lit: Lit::Str(lit), ..
                 })) => self.name = Some(lit),
                 Some(other) => errors.spanned(other, "expected a string literal: `name = \"..\"`"),
                 None => {}
             },
-            _ => {
-                let form = format!("{name} = 100");
-                let count = match value_of(&key, meta, &form, errors)? {
-                    Some(expr) => parse_count(&name, &expr, errors),
-                    None => Count {
-                        value: None,
-                        span: key.span(),
-                    },
-                };
-                match Unit::from_key(&name) {
-                    Some(unit) => self.bands.push(Band { unit, key, count }),
-                    None => self.burst = Some(Keyed { key, value: count }),
+            Key::Band(unit) => {
+                let count = number(&key, meta, errors)?;
+                self.bands.push(Band {
+                    period: Period::Unit(unit),
+                    key,
+                    count,
+                });
+            }
+            Key::Burst => {
+                self.burst = Some(Keyed {
+                    value: number(&key, meta, errors)?,
+                    key,
+                })
+            }
+            Key::Count | Key::PeriodSecs => {
+                if self.count.is_none() && self.period_secs.is_none() {
+                    self.custom_at = self.bands.len();
+                }
+                if kind == Key::Count {
+                    let value = number(&key, meta, errors)?;
+                    self.count = Some(Keyed { key, value });
+                } else {
+                    let value = number(&key, meta, errors)?;
+                    self.period_secs = Some(Keyed { key, value });
                 }
             }
         }
         Ok(())
     }
+
+    /// Makes `count` and `period_secs` one band, in the place of the first of
+    /// the two; either one alone stays for validation to report.
+    fn pair_custom_band(&mut self) {
+        match (self.count.take(), self.period_secs.take()) {
+            (Some(count), Some(period)) => {
+                let band = Band {
+                    period: Period::Secs(period),
+                    key: count.key,
+                    count: count.value,
+                };
+                self.bands.insert(self.custom_at.min(self.bands.len()), band);
+            }
+            (count, period_secs) => {
+                self.count = count;
+                self.period_secs = period_secs;
+            }
+        }
+    }
+}
+
+/// The number of `key = value`; a missing or wrong value is reported, and
+/// parsing goes on.
+fn number<T: super::number::Integer>(
+    key: &Ident,
+    meta: &ParseNestedMeta<'_>,
+    errors: &mut Errors,
+) -> syn::Result<Number<T>> {
+    let form = format!("{key} = 100");
+    Ok(match value_of(key, meta, &form, errors)? {
+        Some(expr) => Number::parse(&key.to_string(), &expr, errors),
+        None => Number::invalid(key.span()),
+    })
 }
 
 /// The `= value` of a key that needs one; a missing value is reported (and
@@ -301,49 +331,6 @@ fn skip_value(meta: &ParseNestedMeta<'_>) -> syn::Result<Option<TokenStream>> {
         Ok(Some(group.into_token_stream()))
     } else {
         Ok(None)
-    }
-}
-
-/// A count: an integer literal (unsuffixed or `u32`) that fits a `u32`.
-/// Zero is accepted here and refused by validation.
-fn parse_count(key: &str, expr: &Expr, errors: &mut Errors) -> Count {
-    let span = expr.span();
-    let invalid = Count { value: None, span };
-    let lit = match expr {
-        Expr::Lit(ExprLit {
-            lit: Lit::Int(lit), ..
-        }) => lit,
-        Expr::Unary(syn::ExprUnary {
-            op: syn::UnOp::Neg(_),
-            ..
-        }) => {
-            errors.spanned(expr, format_args!("`{key}` cannot be negative"));
-            return invalid;
-        }
-        _ => {
-            errors.spanned(expr, format_args!("expected an integer literal: `{key} = 100`"));
-            return invalid;
-        }
-    };
-    if !matches!(lit.suffix(), "" | "u32") {
-        errors.spanned(
-            lit,
-            format_args!("`{key}` is a `u32`: write it without a suffix or with `u32`"),
-        );
-        return invalid;
-    }
-    match lit.base10_parse::<u32>() {
-        Ok(value) => Count {
-            value: Some(value),
-            span,
-        },
-        Err(_) => {
-            errors.spanned(
-                lit,
-                format_args!("`{key}` must fit in a `u32` (at most {})", u32::MAX),
-            );
-            invalid
-        }
     }
 }
 

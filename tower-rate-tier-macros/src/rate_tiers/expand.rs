@@ -3,11 +3,12 @@
 use std::collections::HashSet;
 
 use proc_macro2::{Literal, Span, TokenStream};
-use quote::{ToTokens, quote};
+use quote::{ToTokens, quote, quote_spanned};
 use syn::punctuated::Punctuated;
 use syn::{Attribute, Ident, Item, ItemEnum, Meta, Path, Token, parse_quote};
 
-use super::ast::{Input, Variant};
+use super::ast::{Input, Period, Variant};
+use super::number::{Number, path_name};
 use crate::errors::Errors;
 use crate::krate;
 
@@ -126,9 +127,12 @@ fn generate(input: &Input, mode: Mode) -> TokenStream {
     let input_name = Ident::new("__trt_name", Span::mixed_site());
     let formatter = Ident::new("__trt_f", Span::mixed_site());
     let default_tier = default_tier(variants);
+    let const_checks = variants.iter().map(|v| const_checks(v, ident));
 
     quote! {
         #item
+
+        #(#const_checks)*
 
         impl #ident {
             /// Every tier, in declaration order.
@@ -225,20 +229,113 @@ fn quotas(variant: &Variant, private: &TokenStream) -> TokenStream {
     if tier.unlimited.is_some() {
         return quote!(#private::Quota::unlimited());
     }
-    let burst = tier
-        .burst
-        .as_ref()
-        .and_then(|burst| burst.value.value)
-        .map(|burst| {
-            let burst = Literal::u32_unsuffixed(burst);
-            quote!(.with_burst(#burst))
-        });
+    let burst = tier.burst.as_ref().map(|burst| {
+        let burst = number(&burst.value, "u32", Literal::u32_unsuffixed);
+        quote!(.with_burst(#burst))
+    });
     let bands = tier.bands.iter().map(|band| {
-        let constructor = Ident::new(band.unit.constructor(), Span::call_site());
-        let count = Literal::u32_unsuffixed(band.count.value.unwrap_or(1));
-        quote!(#private::Quota::#constructor(#count) #burst)
+        let count = number(&band.count, "u32", Literal::u32_unsuffixed);
+        match &band.period {
+            Period::Unit(unit) => {
+                let constructor = Ident::new(unit.constructor(), Span::call_site());
+                quote!(#private::Quota::#constructor(#count) #burst)
+            }
+            Period::Secs(period) => {
+                let secs = number(&period.value, "u64", Literal::u64_unsuffixed);
+                quote!(#private::Quota::per_period(#count, ::core::time::Duration::from_secs(#secs)) #burst)
+            }
+        }
     });
     quote!(#(#bands),*)
+}
+
+/// A checked number: the literal, or the value of the `const`.
+fn number<T: Copy>(number: &Number<T>, ty: &str, literal: fn(T) -> Literal) -> TokenStream {
+    match number {
+        Number::Lit { value, .. } => value.map(literal).into_token_stream(),
+        // A zero `const` fails the build in `const_checks`, with the error on
+        // its path; the table takes 1 instead, so that no second error from
+        // inside the `Quota` constructor follows.
+        Number::Const(path) => {
+            let ty = Ident::new(ty, Span::call_site());
+            let value = Ident::new("__trt_n", Span::mixed_site());
+            quote!({
+                let #value: ::core::primitive::#ty = #path;
+                if #value == 0 { 1 } else { #value }
+            })
+        }
+    }
+}
+
+/// For each `const` of a variant's `#[tier(..)]`, an item that fails to
+/// compile if it is zero, with the error on the `const`'s name. (The `Quota`
+/// constructors would panic too, but only where `quotas()` is compiled to
+/// machine code, and with an error inside the runtime crate.)
+fn const_checks(variant: &Variant, enum_ident: &Ident) -> TokenStream {
+    let Some(tier) = &variant.tier else {
+        return TokenStream::new();
+    };
+    let mut numbers: Vec<(String, &Number<u32>)> = Vec::new();
+    let mut periods = Vec::new();
+    for band in &tier.bands {
+        numbers.push((band.key.to_string(), &band.count));
+        if let Period::Secs(period) = &band.period {
+            periods.push(&period.value);
+        }
+    }
+    numbers.extend(
+        tier.count
+            .iter()
+            .map(|count| (count.key.to_string(), &count.value)),
+    );
+    numbers.extend(
+        tier.burst
+            .iter()
+            .map(|burst| (burst.key.to_string(), &burst.value)),
+    );
+    periods.extend(tier.period_secs.iter().map(|period| &period.value));
+
+    let mut checks = Vec::new();
+    for (key, value) in numbers {
+        if let Number::Const(path) = value {
+            let what = if key == "burst" { "burst" } else { "count" };
+            let message = format!(
+                "`{key}` must be at least 1, and `{}` is 0: a zero {what} admits nothing",
+                path_name(path)
+            );
+            checks.push((path, message));
+        }
+    }
+    for value in periods {
+        if let Number::Const(path) = value {
+            let message = format!(
+                "`period_secs` must be at least 1, and `{}` is 0: a quota needs a non-zero period",
+                path_name(path)
+            );
+            checks.push((path, message));
+        }
+    }
+    let cfgs = &variant.cfgs;
+    let checks = checks.into_iter().map(|(path, message)| {
+        // Outside the impl `Self` means nothing: name the enum.
+        let mut path = path.clone();
+        if let Some(first) = path.segments.first_mut().filter(|s| s.ident == "Self") {
+            first.ident = Ident::new(&enum_ident.to_string(), first.ident.span());
+        }
+        // A span cannot cover several tokens on stable: the `const`'s own
+        // name is the one to point at.
+        let span = path
+            .segments
+            .last()
+            .map_or_else(Span::call_site, |s| s.ident.span());
+        quote_spanned! {span=>
+            #(#cfgs)*
+            const _: () = if #path == 0 {
+                ::core::panic!(#message)
+            };
+        }
+    });
+    quote!(#(#checks)*)
 }
 
 /// The body of `TierTable::default_tier`.

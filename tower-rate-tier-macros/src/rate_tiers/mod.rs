@@ -3,6 +3,8 @@
 
 mod ast;
 mod expand;
+mod keys;
+mod number;
 mod valid;
 
 pub(crate) use expand::expand;

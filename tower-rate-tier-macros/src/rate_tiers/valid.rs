@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use quote::ToTokens;
 
-use super::ast::{Input, Tier, Variant};
+use super::ast::{Input, Period, Tier, Variant};
 use crate::errors::Errors;
 
 /// The longest tier name the runtime accepts, in bytes.
@@ -77,18 +77,18 @@ impl Variant {
 
 impl Tier {
     fn validate(&self, errors: &mut Errors) {
-        for band in &self.bands {
-            if band.count.value == Some(0) {
-                errors.at(
-                    band.count.span,
-                    format_args!("`{}` must be at least 1: a zero count admits nothing", band.key),
-                );
-            }
+        self.validate_numbers(errors);
+        let unpaired = self.count.is_some() || self.period_secs.is_some();
+        if let Some(count) = &self.count {
+            errors.spanned(
+                &count.key,
+                "`count` needs `period_secs`: `count = 50, period_secs = 900` is 50 requests per 900 seconds",
+            );
         }
-        if let Some(burst) = self.burst.as_ref().filter(|burst| burst.value.value == Some(0)) {
-            errors.at(
-                burst.value.span,
-                "`burst` must be at least 1: a zero burst admits nothing",
+        if let Some(period) = &self.period_secs {
+            errors.spanned(
+                &period.key,
+                "`period_secs` needs `count`: `count = 50, period_secs = 900` is 50 requests per 900 seconds",
             );
         }
 
@@ -107,10 +107,11 @@ impl Tier {
                 errors.spanned(&burst.key, "`burst` does not apply to an `unlimited` tier");
             }
         } else if self.bands.is_empty() {
-            if !self.incomplete {
+            if !self.incomplete && !unpaired {
                 errors.spanned(
                     &self.tokens,
-                    "a tier needs `unlimited` or at least one band: `per_second`, `per_minute`, `per_hour` or `per_day`",
+                    "a tier needs `unlimited` or at least one band: `per_second`, `per_minute`, `per_hour`, \
+                     `per_day`, `per_week`, or `count` with `period_secs`",
                 );
             }
         } else if let Some(burst) = self.burst.as_ref().filter(|_| self.bands.len() > 1) {
@@ -131,6 +132,41 @@ impl Tier {
                     format_args!("a tier name is 1 to {MAX_NAME_LEN} bytes long"),
                 );
             }
+        }
+    }
+}
+
+impl Tier {
+    /// Literal zeros; a `const` that is zero is the generated code's to
+    /// report.
+    fn validate_numbers(&self, errors: &mut Errors) {
+        let counts = self.bands.iter().map(|band| (&band.key, &band.count));
+        let unpaired = self.count.iter().map(|count| (&count.key, &count.value));
+        for (key, count) in counts.chain(unpaired) {
+            if count.is_zero_literal() {
+                errors.at(
+                    count.span(),
+                    format_args!("`{key}` must be at least 1: a zero count admits nothing"),
+                );
+            }
+        }
+        let periods = self.bands.iter().filter_map(|band| match &band.period {
+            Period::Secs(period) => Some(period),
+            Period::Unit(_) => None,
+        });
+        for period in periods.chain(&self.period_secs) {
+            if period.value.is_zero_literal() {
+                errors.at(
+                    period.value.span(),
+                    "`period_secs` must be at least 1: a quota needs a non-zero period",
+                );
+            }
+        }
+        if let Some(burst) = self.burst.as_ref().filter(|burst| burst.value.is_zero_literal()) {
+            errors.at(
+                burst.value.span(),
+                "`burst` must be at least 1: a zero burst admits nothing",
+            );
         }
     }
 }

@@ -4,7 +4,7 @@ const LIMIT: u32 = 100;
 
 #[rate_tiers]
 enum Plan {
-    #[tier(per_hour = LIMIT)]
+    #[tier(per_hour = LIMIT * 2)]
     Free,
 }
 

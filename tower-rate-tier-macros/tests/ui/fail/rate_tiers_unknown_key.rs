@@ -2,7 +2,7 @@ use trt::rate_tiers;
 
 #[rate_tiers]
 enum Plan {
-    #[tier(per_week = 100)]
+    #[tier(per_month = 100)]
     Free,
 }
 

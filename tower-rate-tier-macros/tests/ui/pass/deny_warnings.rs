@@ -8,6 +8,8 @@
     unused_qualifications
 )]
 
+use std::time::Duration;
+
 use axum::Router;
 use axum::extract::State;
 use axum::routing::{get, post};
@@ -31,6 +33,41 @@ pub enum Plan {
     /// No limit.
     #[tier(unlimited)]
     Enterprise,
+}
+
+/// Limits kept as constants.
+pub mod limits {
+    /// Configured users per hour.
+    pub const PER_HOUR: u32 = 100;
+    /// Their burst.
+    pub const BURST: u32 = 20;
+    /// Thirty days.
+    pub const MONTH_SECS: u64 = 30 * 86_400;
+    /// What an export costs (nothing).
+    pub const EXPORT_COST: u32 = 0;
+}
+
+/// The other keys: `const` paths, `per_week`, `count` with `period_secs`.
+#[rate_tiers]
+pub enum Extended {
+    /// A `const` count and burst.
+    #[tier(per_hour = limits::PER_HOUR, burst = limits::BURST)]
+    Configured,
+    /// A week, counted by an associated `const`.
+    #[tier(per_week = Self::WEEKLY)]
+    Weekly,
+    /// Thirty days, refilled continuously.
+    #[tier(count = 3_000, period_secs = limits::MONTH_SECS)]
+    Monthly,
+    /// Configured away, with a `const` that does not exist.
+    #[cfg(any())]
+    #[tier(per_hour = limits::GONE)]
+    Gone,
+}
+
+impl Extended {
+    /// Requests per week of `Weekly`.
+    pub const WEEKLY: u32 = 1_000;
 }
 
 mod internal {
@@ -66,6 +103,12 @@ pub(crate) async fn search(State(app): State<App>, body: String) -> String {
     format!("{} {body}", app.greeting)
 }
 
+/// A cost from a `const`.
+#[tier_cost(limits::EXPORT_COST)]
+pub async fn export() -> &'static str {
+    "done"
+}
+
 /// A generic handler with a where clause.
 #[tier_cost(2)]
 async fn echo<T>(State(_): State<T>, mut body: String) -> String
@@ -85,6 +128,12 @@ fn main() {
     assert_eq!(internal::Probe::default_tier(), None);
     assert_eq!(internal::Probe::Health.name(), "health");
 
+    assert_eq!(Extended::Configured.quotas(), [Quota::per_hour(100).with_burst(20)]);
+    assert_eq!(Extended::Weekly.quotas(), [Quota::per_week(1_000)]);
+    let month = Duration::from_secs(30 * 86_400);
+    assert_eq!(Extended::Monthly.quotas(), [Quota::per_period(3_000, month)]);
+    assert_eq!(Extended::ALL.len(), 3);
+
     let tiers = RateTier::builder().tiers::<Plan>().build();
     assert_eq!(tiers.default_tier(), Some("free"));
     let limiter = TierLimitLayer::new(tiers).identifier_fn(|headers| {
@@ -93,6 +142,7 @@ fn main() {
     });
     let _app: Router = Router::new()
         .route("/health", get(health))
+        .route("/export", get(export))
         .route("/search", post(search))
         .route("/echo", post(echo::<App>))
         .layer(limiter)

@@ -1,0 +1,9 @@
+use trt::rate_tiers;
+
+#[rate_tiers]
+enum Plan {
+    #[tier(per_minut = 100)]
+    Free,
+}
+
+fn main() {}
