@@ -11,7 +11,7 @@ use tower_service::Service;
 
 use crate::cost::{Charge, ChargeState, Charges, InScope, Outcome, Scope, Source, TierCost};
 use crate::future::ResponseFuture;
-use crate::identity::{TierIdentity, client_ip_of};
+use crate::identity::{ANONYMOUS_PREFIX, TierIdentity};
 use crate::layer::{Identify, OnUnknownTier, RateLimitEvent, Shared};
 use crate::response;
 use crate::tier::{CheckError, CheckResult, MAX_USER_ID_LEN, OnMissing, TierId};
@@ -42,10 +42,6 @@ impl<S: fmt::Debug> fmt::Debug for TierLimitService<S> {
             .finish_non_exhaustive()
     }
 }
-
-/// Keys of unidentified clients start with a NUL, which no valid identity
-/// does: anonymous buckets never share the key space of user ids.
-const ANONYMOUS_PREFIX: &str = "\0";
 
 /// What the limiter decided about a request.
 pub(crate) enum Admission {
@@ -449,16 +445,7 @@ impl Shared {
         match self.tiers.on_missing() {
             OnMissing::UseDefault => match self.tiers.default_id() {
                 Some(id) => {
-                    let user = match client_ip_of(head.headers(), head.extensions(), &self.trusted_proxies) {
-                        Some(ip) => {
-                            let mut user = String::with_capacity(48);
-                            user.push_str(ANONYMOUS_PREFIX);
-                            user.push_str("ip:");
-                            user.push_str(&ip.to_string());
-                            user
-                        }
-                        None => [ANONYMOUS_PREFIX, "anonymous"].concat(),
-                    };
+                    let user = self.client_addrs.anonymous_key(head.headers(), head.extensions());
                     Ok((user, id))
                 }
                 None => Err(Admission::Refuse(response::problem(
