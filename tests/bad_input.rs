@@ -590,7 +590,7 @@ async fn only_a_trusted_proxy_is_believed_and_only_for_the_right_most_hops() {
     let clock = FakeClock::new();
     let app = Router::new().route("/", get(|| async { "ok" })).layer(
         TierLimitLayer::new(anonymous_tiers(&clock)).trusted_proxies([
-            "10.0.0.1".parse().unwrap(),
+            "10.0.0.1".parse::<std::net::IpAddr>().unwrap(),
             "10.0.0.2".parse().unwrap(),
             "fd00::1".parse().unwrap(),
         ]),
@@ -637,17 +637,21 @@ async fn only_a_trusted_proxy_is_believed_and_only_for_the_right_most_hops() {
     r.headers_mut()
         .insert("x-forwarded-for", "2001:db8::7".parse().unwrap());
     assert_eq!(send(&app, r).await.remaining(), Some(2));
-    // only X-Forwarded-For is read, even from a trusted proxy: a Forwarded
-    // header leaves the proxy itself as the client
+    // a trusted proxy's Forwarded is read too: 3.3.3.3 has its own bucket
     assert_eq!(
         remaining("10.0.0.2", &[("forwarded", b"for=3.3.3.3")]).await,
         Some(2)
     );
-    assert_eq!(remaining("10.0.0.2", &[("x-real-ip", b"4.4.4.4")]).await, Some(1));
+    assert_eq!(
+        remaining("10.0.0.2", &[("forwarded", b"for=3.3.3.3")]).await,
+        Some(1)
+    );
+    // X-Real-IP is never read: the proxy itself is the client
+    assert_eq!(remaining("10.0.0.2", &[("x-real-ip", b"4.4.4.4")]).await, Some(2));
     // garbage stops the walk at the last address believed
     assert_eq!(
         remaining("10.0.0.2", &[("x-forwarded-for", b"not an ip")]).await,
-        Some(0)
+        Some(1)
     );
 }
 

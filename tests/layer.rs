@@ -552,7 +552,7 @@ async fn trusted_proxies_let_forwarded_for_pick_the_client() {
         .build();
     let app = Router::new()
         .route("/", get(|| async { "ok" }))
-        .layer(TierLimitLayer::new(tiers).trusted_proxies(["10.0.0.1".parse().unwrap()]));
+        .layer(TierLimitLayer::new(tiers).trusted_proxies(["10.0.0.1".parse::<std::net::IpAddr>().unwrap()]));
     let from_proxy = |client: &str| {
         let mut r = req("GET", "/", None, None);
         r.extensions_mut()
@@ -1083,7 +1083,7 @@ async fn policy_script(mode: usize, deny_on_error: bool) -> Vec<(u16, Vec<(Strin
     };
     let base = |t: RateTier| {
         let l = TierLimitLayer::new(t)
-            .trusted_proxies(["10.0.0.1".parse().unwrap()])
+            .trusted_proxies(["10.0.0.1".parse::<std::net::IpAddr>().unwrap()])
             .on_storage_error(policy);
         match mode {
             0 => l.identifier_fn(header_identity),

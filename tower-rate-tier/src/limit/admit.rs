@@ -9,15 +9,11 @@ use http::{Extensions, HeaderMap, Method, Request, StatusCode};
 use super::layer::{Identify, Shared};
 use crate::cost::{Charge, ChargeState, Charges, Outcome, RouteKey, Source, TierCost};
 use crate::event::RateLimitEvent;
-use crate::identity::{TierIdentity, client_ip_of};
+use crate::identity::{ANONYMOUS_PREFIX, TierIdentity};
 use crate::policy::{OnMissing, OnUnknownTier};
 use crate::problem::problem;
 use crate::storage::Decide;
 use crate::tier::{CheckError, CheckResult, MAX_USER_ID_LEN, TierEntry, conclude};
-
-/// Keys of unidentified clients start with a NUL, which no valid identity
-/// does: anonymous buckets never share the key space of user ids.
-const ANONYMOUS_PREFIX: &str = "\0";
 
 /// What the limiter decided about a request.
 pub(crate) enum Admission {
@@ -314,16 +310,7 @@ impl Shared {
         match tiers.on_missing() {
             OnMissing::UseDefault => match tiers.default_entry() {
                 Some(tier) => {
-                    let user = match client_ip_of(head.headers(), head.extensions(), &self.trusted_proxies) {
-                        Some(ip) => {
-                            let mut user = String::with_capacity(48);
-                            user.push_str(ANONYMOUS_PREFIX);
-                            user.push_str("ip:");
-                            user.push_str(&ip.to_string());
-                            user
-                        }
-                        None => [ANONYMOUS_PREFIX, "anonymous"].concat(),
-                    };
+                    let user = self.client_addrs.anonymous_key(head.headers(), head.extensions());
                     Ok((user, tier.clone()))
                 }
                 None => Err(Admission::Refuse(problem(

@@ -1,7 +1,6 @@
 //! [`TierLimitLayer`]: the configuration of the middleware.
 
 use std::fmt;
-use std::net::IpAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -12,7 +11,7 @@ use tower_layer::Layer;
 use super::service::TierLimitService;
 use crate::cost::Ledger;
 use crate::event::RateLimitEvent;
-use crate::identity::{TierIdentifier, TierIdentity};
+use crate::identity::{ClientAddrs, IpNet, ProxyHeader, TierIdentifier, TierIdentity};
 use crate::policy::{OnStorageError, OnUnknownTier};
 use crate::refusal::Refusals;
 use crate::tier::{RateLimited, RateTier};
@@ -37,7 +36,7 @@ pub(crate) struct Shared {
     pub(crate) identify: Identify,
     pub(crate) on_unknown_tier: OnUnknownTier,
     pub(crate) cost_fn: Option<Arc<CostFn>>,
-    pub(crate) trusted_proxies: Arc<[IpAddr]>,
+    pub(crate) client_addrs: ClientAddrs,
     #[cfg(feature = "buffered-body")]
     pub(crate) body: super::buffered::BodyLimits,
 }
@@ -95,7 +94,7 @@ impl TierLimitLayer {
                 identify: Identify::Nobody,
                 on_unknown_tier: OnUnknownTier::default(),
                 cost_fn: None,
-                trusted_proxies: Arc::new([]),
+                client_addrs: ClientAddrs::default(),
                 #[cfg(feature = "buffered-body")]
                 body: super::buffered::BodyLimits::default(),
             }),
@@ -200,10 +199,52 @@ impl TierLimitLayer {
         self
     }
 
-    /// Proxies whose `X-Forwarded-For` is believed when keying unidentified
-    /// clients by address (default: none; the header is ignored).
-    pub fn trusted_proxies(mut self, proxies: impl IntoIterator<Item = IpAddr>) -> Self {
-        self.config().trusted_proxies = proxies.into_iter().collect();
+    /// Proxies whose forwarding headers are believed when keying
+    /// unidentified clients by address: addresses (`IpAddr`) or networks
+    /// ([`IpNet`], `10.0.0.0/8`); each call replaces the list. Default:
+    /// none, and no forwarding header is ever read. How the headers are
+    /// walked, and what happens when a proxy sent no usable hop, is told in
+    /// [Unidentified clients](crate::identity#unidentified-clients).
+    ///
+    /// The items are generic, so a bare `"10.0.0.1".parse().unwrap()` needs
+    /// its type: `.parse::<IpAddr>()`, or `.parse::<IpNet>()` for a network.
+    ///
+    /// ```
+    /// use std::net::IpAddr;
+    /// use tower_rate_tier::identity::IpNet;
+    /// # use tower_rate_tier::{Quota, RateTier, TierLimitLayer};
+    /// # let tiers = RateTier::builder().tier("free", Quota::per_minute(10)).build();
+    /// let proxy: IpAddr = "192.0.2.1".parse().unwrap();
+    /// let private: IpNet = "10.0.0.0/8".parse().unwrap();
+    /// let layer = TierLimitLayer::new(tiers).trusted_proxies([IpNet::from(proxy), private]);
+    /// # let _ = layer;
+    /// ```
+    pub fn trusted_proxies<I>(mut self, proxies: I) -> Self
+    where
+        I: IntoIterator,
+        I::Item: Into<IpNet>,
+    {
+        self.config()
+            .client_addrs
+            .set_trusted(proxies.into_iter().map(Into::into));
+        self
+    }
+
+    /// Which forwarding header the [trusted proxies](Self::trusted_proxies)
+    /// write (default [`ProxyHeader::Both`]: whichever the request carries,
+    /// neither when both name different clients).
+    pub fn proxy_header(mut self, header: ProxyHeader) -> Self {
+        self.config().client_addrs.set_proxy_header(header);
+        self
+    }
+
+    /// The prefix length unidentified IPv6 clients are grouped by (default
+    /// 64: one subscriber's network, whose addresses a client can rotate
+    /// through). `56` groups a typical home allocation; 128 keys each
+    /// address alone, and larger values count as 128. IPv4 clients are
+    /// keyed by their address.
+    pub fn anonymous_ipv6_prefix(mut self, len: u8) -> Self {
+        self.config().client_addrs.set_ipv6_prefix(len);
         self
     }
 
@@ -227,7 +268,7 @@ impl fmt::Debug for TierLimitLayer {
             .field("tiers", &self.shared.ledger.tiers)
             .field("on_storage_error", &self.shared.ledger.refusals.on_storage_error)
             .field("on_unknown_tier", &self.shared.on_unknown_tier)
-            .field("trusted_proxies", &self.shared.trusted_proxies)
+            .field("client_addrs", &self.shared.client_addrs)
             .finish_non_exhaustive()
     }
 }
