@@ -65,10 +65,14 @@ pub struct Decision {
 }
 
 /// A storage failure: unreachable, timed out, full, or a bad reply.
+///
+/// Its message says what was attempted; the backend's own error, when there
+/// is one, is its [`source`](std::error::Error::source).
 #[derive(Debug, Clone)]
 pub struct StorageError {
     kind: StorageErrorKind,
     message: Arc<str>,
+    source: Option<Arc<dyn std::error::Error + Send + Sync>>,
 }
 
 /// What kind of failure a [`StorageError`] is.
@@ -91,6 +95,22 @@ impl StorageError {
         StorageError {
             kind,
             message: message.into(),
+            source: None,
+        }
+    }
+
+    /// A new error of `kind` caused by `source` (the backend's own error,
+    /// returned by [`Error::source`](std::error::Error::source)). `message`
+    /// says what was attempted; the source's text is not repeated in it.
+    pub fn with_source(
+        kind: StorageErrorKind,
+        message: impl Into<Arc<str>>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        StorageError {
+            kind,
+            message: message.into(),
+            source: Some(Arc::new(source)),
         }
     }
 
@@ -112,7 +132,13 @@ impl fmt::Display for StorageError {
     }
 }
 
-impl std::error::Error for StorageError {}
+impl std::error::Error for StorageError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
 
 /// A storage's handle on the keys of one tier of one limiter, made once when
 /// a [`RateTier`](crate::RateTier) is built ([`Storage::prepare`]) so that
