@@ -1,14 +1,15 @@
 //! The application's own redis-rs connection: a `ConnectionManager` with an
 //! ACL user of the fewest permissions the storage needs, one shared with the
-//! application, and a `ClusterClient`.
+//! application, one over TLS with client certificates, and a `ClusterClient`.
 
 use std::error::Error as _;
 use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionManager;
+use redis::{ClientTlsConfig, TlsCertificates};
 use tower_rate_tier::Quota;
 use tower_rate_tier::storage::{RedisStorage, Storage, StorageError, StorageErrorKind};
-use tower_rate_tier_tests::redis::{RedisServer, cluster};
+use tower_rate_tier_tests::redis::{RedisServer, TlsFiles, cluster, free_port};
 
 use super::{key, tiers};
 
@@ -244,4 +245,55 @@ async fn an_own_cluster_client_decides_on_the_cluster() {
         let remaining: Vec<u32> = info.bands().map(|(_, s)| s.remaining).collect();
         assert_eq!(remaining, vec![20, 997]);
     }
+}
+
+#[tokio::test]
+async fn an_own_manager_over_tls_with_client_certificates() {
+    let Some(tls) = TlsFiles::make() else {
+        return;
+    };
+    let tls_port = free_port();
+    let args = tls.server_args(tls_port);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let Some(server) = RedisServer::start_with(&args) else {
+        return;
+    };
+    let url = format!("rediss://127.0.0.1:{tls_port}");
+    let certificates = |client: bool| TlsCertificates {
+        client_tls: client.then(|| ClientTlsConfig {
+            client_cert: tls.read("client.crt"),
+            client_key: tls.read("client.key"),
+        }),
+        root_cert: Some(tls.read("ca.crt")),
+    };
+    let client = redis::Client::build_with_tls(url.as_str(), certificates(true)).unwrap();
+    let manager = ConnectionManager::new_with_config(client, RedisStorage::manager_config(TIMEOUT))
+        .await
+        .expect("a TLS connection with a client certificate");
+    let tiers = tiers(
+        RedisStorage::with_connection_manager(manager)
+            .prefix("tls")
+            .timeout(TIMEOUT)
+            .connect()
+            .await
+            .unwrap(),
+    );
+    for left in [36, 35, 34] {
+        assert_eq!(tiers.check("t", "one", 1).await.unwrap().unwrap().remaining, left);
+    }
+    // the server holds the decisions' key
+    assert!(server.cli(&["--scan"]).starts_with("tls:{"));
+    // without a client certificate, or without TLS, the port refuses
+    let anonymous = redis::Client::build_with_tls(url.as_str(), certificates(false)).unwrap();
+    assert!(
+        ConnectionManager::new_with_config(anonymous, RedisStorage::manager_config(TIMEOUT))
+            .await
+            .is_err()
+    );
+    let plain = redis::Client::open(format!("redis://127.0.0.1:{tls_port}")).unwrap();
+    assert!(
+        ConnectionManager::new_with_config(plain, RedisStorage::manager_config(TIMEOUT))
+            .await
+            .is_err()
+    );
 }
