@@ -4,6 +4,7 @@
 //!   --enable-debug-command local`, listening on 127.0.0.1 only) and waits
 //!   until it answers `PING`.
 //! * [`cluster`] starts a 3-node Redis Cluster once per test binary.
+//! * [`TlsFiles`] makes certificates for a server with a TLS port.
 //! * Every server is stopped when its handle is dropped (also when a test
 //!   panics), and, through a watchdog shell holding a pipe to the test
 //!   process, when the test process ends in any way (the cluster lives in a
@@ -19,6 +20,9 @@ use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+
+mod tls;
+pub use tls::TlsFiles;
 
 /// Whether `redis-server` and `redis-cli` can be run. Outside CI a missing
 /// binary prints a loud skip message and gives `false`; in CI (env `CI` set)

@@ -12,12 +12,12 @@ static SYSTEM_CLOCK: LazyLock<Arc<dyn Clock>> = LazyLock::new(|| Arc::new(System
 /// Redis storage ignores: it decides on the server's time).
 pub trait StorageOps: Storage {
     /// Charges `cost` in every band of `key`, or nothing.
-    fn check<'a>(&'a self, key: StorageKey<'a>, bands: &'a [Quota], cost: u32) -> Decide {
+    fn check(&self, key: StorageKey<'_>, bands: &[Quota], cost: u32) -> Decide {
         self.decide(key, bands, Op::Charge(cost), &SYSTEM_CLOCK)
     }
 
     /// Gives `cost` back to every band of `key`.
-    fn refund<'a>(&'a self, key: StorageKey<'a>, bands: &'a [Quota], cost: u32) -> Decide {
+    fn refund(&self, key: StorageKey<'_>, bands: &[Quota], cost: u32) -> Decide {
         self.decide(key, bands, Op::Refund(cost), &SYSTEM_CLOCK)
     }
 }

@@ -16,9 +16,9 @@
 --           unlimited band (never stored). The client keeps every value below
 --           2^51, so all sums here stay exact in Lua's doubles (2^53).
 --
--- Reply (check): { allowed, now, then per band: remaining, reset_after_us,
---                  retry_after_us } with remaining -1 for an unlimited band.
--- Reply (refund): { 1, now }
+-- Reply: { allowed, now, then per band: remaining, reset_after_us,
+--          retry_after_us } with remaining -1 for an unlimited band; for a
+--          refund, allowed is 1 and each band's state is the one after it.
 --
 -- Effects: a check that admits writes each charged band with SET .. PX
 -- (expiry = time until the new TAT, rounded up, plus 1 ms); a denied check
@@ -56,14 +56,20 @@ if now == nil or now ~= now or now < 0 or now >= EXACT then
   return redis.error_reply("ERR tower-rate-tier: bad time")
 end
 
--- One band (the common case): the same arithmetic as below, without tables.
-if n == 1 and ARGV[1] == "c" then
+-- One limited band (the common case): the same arithmetic as below, without
+-- tables.
+if n == 1 and ARGV[1] == "c" and ARGV[3] ~= "0" then
   local interval, tol, inc = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
   if interval == nil or tol == nil or inc == nil or interval < 1 or tol < interval or inc < 0 then
     return redis.error_reply("ERR tower-rate-tier: bad band arguments")
   end
-  -- a key of another type makes GET fail: pcall gives a table, a fresh state
+  -- a key of another type makes GET fail: pcall gives a table, a fresh
+  -- state; any other failure (a command the ACL denies) is the reply, never
+  -- a fresh state (that would admit every request)
   local tat = redis.pcall("GET", KEYS[1])
+  if type(tat) == "table" and type(tat.err) == "string" and not string.find(tat.err, "WRONGTYPE", 1, true) then
+    return tat
+  end
   if type(tat) == "string" then
     tat = tonumber(tat)
   else
@@ -142,23 +148,37 @@ for i = 1, n do
 end
 
 if refund then
+  local out = { 1, now }
   for i = 1, n do
     local band = bands[i]
-    local tat = band[7]
-    if band[1] > 0 and tat ~= nil then
-      local back = tat
-      if back > now + band[2] then
-        back = now + band[2]
+    local interval, tol, tat = band[1], band[2], band[7]
+    local k = 3 * i
+    if interval == 0 then
+      out[k], out[k + 1], out[k + 2] = -1, 0, 0
+    else
+      local used = 0
+      if tat ~= nil then
+        local back = tat
+        if back > now + tol then
+          back = now + tol
+        end
+        back = back - band[3]
+        if back > now then
+          redis.call("SET", KEYS[i], back, "PX", ceil((back - now) / 1000) + 1)
+          used = back - now
+        else
+          redis.call("DEL", KEYS[i])
+        end
       end
-      back = back - band[3]
-      if back > now then
-        redis.call("SET", KEYS[i], back, "PX", ceil((back - now) / 1000) + 1)
-      else
-        redis.call("DEL", KEYS[i])
+      local left = tol - used
+      local remaining = floor(left / interval)
+      if remaining * interval > left then
+        remaining = remaining - 1
       end
+      out[k], out[k + 1], out[k + 2] = remaining, used, 0
     end
   end
-  return { 1, now }
+  return out
 end
 
 local out = { allowed, now }

@@ -1,0 +1,197 @@
+//! The connection to Redis: one server through redis-rs's
+//! [`ConnectionManager`] (which reconnects by itself), or a Redis Cluster
+//! through a [`ClusterLink`] that makes the cluster connection, and makes it
+//! again, from a [`ClusterClient`].
+//!
+//! A cluster connection is driven by a task on the tokio runtime that made
+//! it, and redis-rs cannot revive one whose runtime has ended; only its
+//! client can make a new one. That is why a storage keeps the client, not a
+//! connection, and why the link makes each connection on a task of its own:
+//! an attempt is never cut short by the call that started it timing out.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::{Duration, Instant};
+
+use redis::aio::ConnectionManager;
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, ErrorKind, RedisError, Value};
+use tokio::sync::watch;
+
+/// A connection to one server or to a cluster. Cheap to clone.
+#[derive(Clone)]
+pub(super) enum Conn {
+    Single(ConnectionManager),
+    Cluster(Arc<ClusterLink>),
+}
+
+/// Where a query failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Stage {
+    /// Before the command was sent: no cluster connection could be made.
+    Connect,
+    /// Sending the command or reading its reply (connecting included for a
+    /// single server, whose manager connects as part of a command).
+    Command,
+}
+
+impl Conn {
+    /// Sends `cmd` and reads its reply.
+    pub(super) async fn query(&self, cmd: &Cmd) -> Result<Value, (Stage, RedisError)> {
+        match self {
+            Conn::Single(manager) => {
+                let mut manager = manager.clone();
+                cmd.query_async(&mut manager)
+                    .await
+                    .map_err(|e| (Stage::Command, e))
+            }
+            Conn::Cluster(link) => {
+                let (id, mut conn) = link.connection().await.map_err(|e| (Stage::Connect, e))?;
+                let reply = cmd.query_async(&mut conn).await;
+                if let Err(error) = &reply {
+                    link.check(id, error);
+                }
+                reply.map_err(|e| (Stage::Command, e))
+            }
+        }
+    }
+
+    /// `"single"` or `"cluster"`.
+    pub(super) fn mode(&self) -> &'static str {
+        match self {
+            Conn::Single(_) => "single",
+            Conn::Cluster(_) => "cluster",
+        }
+    }
+}
+
+/// A Redis Cluster connection, made (and made again) by a task of its own:
+/// an attempt is never cut short by the call that started it timing out, and
+/// a connection whose driver task is gone (its runtime ended) is replaced by
+/// the next call.
+pub(super) struct ClusterLink {
+    client: ClusterClient,
+    /// How long one attempt may take.
+    connect_timeout: Duration,
+    slot: Mutex<Slot>,
+    /// Numbers the attempts (and so the connections they make): a late
+    /// error never drops a newer connection, a stale attempt never
+    /// overwrites a newer one.
+    attempts: AtomicU64,
+}
+
+/// What an attempt ends with: the connection and its number, or the error.
+type Outcome = Option<Result<(u64, ClusterConnection), RedisError>>;
+
+enum Slot {
+    Idle,
+    /// Attempt `id` runs since `since`; `ended` turns `Some` when it ends.
+    Connecting {
+        id: u64,
+        since: Instant,
+        ended: watch::Receiver<Outcome>,
+    },
+    Ready {
+        id: u64,
+        conn: ClusterConnection,
+    },
+}
+
+impl ClusterLink {
+    pub(super) fn new(client: ClusterClient, connect_timeout: Duration) -> Self {
+        ClusterLink {
+            client,
+            connect_timeout,
+            slot: Mutex::new(Slot::Idle),
+            attempts: AtomicU64::new(0),
+        }
+    }
+
+    fn slot(&self) -> MutexGuard<'_, Slot> {
+        self.slot.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The connection and its number, waiting for an attempt (started now
+    /// if none runs).
+    pub(super) async fn connection(self: &Arc<Self>) -> Result<(u64, ClusterConnection), RedisError> {
+        let mut ended = {
+            let mut slot = self.slot();
+            match &*slot {
+                Slot::Ready { id, conn } => return Ok((*id, conn.clone())),
+                // An attempt whose task is gone (its runtime ended), or that
+                // overran its own timeout (its runtime is no longer driven),
+                // counts as none.
+                Slot::Connecting { since, ended, .. }
+                    if ended.has_changed().is_ok()
+                        && since.elapsed() <= self.connect_timeout + Duration::from_millis(250) =>
+                {
+                    ended.clone()
+                }
+                Slot::Connecting { .. } | Slot::Idle => {
+                    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+                        return Err(RedisError::from((
+                            ErrorKind::Client,
+                            "the Redis storage is used outside a tokio runtime",
+                        )));
+                    };
+                    let id = self.attempts.fetch_add(1, Ordering::Relaxed);
+                    let (done, ended) = watch::channel(None);
+                    *slot = Slot::Connecting {
+                        id,
+                        since: Instant::now(),
+                        ended: ended.clone(),
+                    };
+                    runtime.spawn(Self::attempt(Arc::downgrade(self), id, done));
+                    ended
+                }
+            }
+        };
+        let outcome = ended.wait_for(Option::is_some).await.ok().and_then(|o| o.clone());
+        outcome.unwrap_or_else(|| {
+            Err(RedisError::from((
+                ErrorKind::Io,
+                "could not connect to the Redis Cluster",
+            )))
+        })
+    }
+
+    async fn attempt(link: Weak<Self>, id: u64, done: watch::Sender<Outcome>) {
+        let Some((client, timeout)) = link.upgrade().map(|l| (l.client.clone(), l.connect_timeout)) else {
+            return;
+        };
+        let outcome = match tokio::time::timeout(timeout, client.get_async_connection()).await {
+            Ok(Ok(conn)) => Ok((id, conn)),
+            Ok(Err(error)) => Err(error),
+            Err(_) => Err(RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "connecting to the Redis Cluster timed out",
+            ))),
+        };
+        if let Some(link) = link.upgrade() {
+            let mut slot = link.slot();
+            // Only while this attempt is still the current one.
+            if matches!(*slot, Slot::Connecting { id: current, .. } if current == id) {
+                *slot = match &outcome {
+                    Ok((_, conn)) => Slot::Ready {
+                        id,
+                        conn: conn.clone(),
+                    },
+                    Err(_) => Slot::Idle,
+                };
+            }
+        }
+        let _ = done.send(Some(outcome));
+    }
+
+    /// Drops connection `id` after `error` if it says the connection's driver
+    /// task is gone, so that the next call connects again.
+    fn check(&self, id: u64, error: &RedisError) {
+        if error.is_io_error() && error.to_string().contains("redis_cluster: Unable to") {
+            let mut slot = self.slot();
+            if matches!(*slot, Slot::Ready { id: current, .. } if current == id) {
+                *slot = Slot::Idle;
+            }
+        }
+    }
+}

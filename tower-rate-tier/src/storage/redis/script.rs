@@ -1,0 +1,286 @@
+//! The Lua script (`redis.lua` beside this file): its arguments, the
+//! `EVALSHA` call with its `EVAL` fallbacks, and its reply.
+//!
+//! A decision is one `EVALSHA`. A `NOSCRIPT` reply (a restarted or flushed
+//! server, a failover) is answered by one `EVAL`, which loads the script as
+//! it runs it. A server that refuses `EVALSHA` itself (renamed, or denied by
+//! an ACL) gets `EVAL` from then on, with one warning in the log.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
+use smallvec::SmallVec;
+
+use super::super::{BandStates, Decision, Op, StorageError, StorageErrorKind, StorageKey, band_names};
+use super::error::Attempt;
+use super::keys::{KeyBuf, KeyCodec, push_band};
+use super::link::{Conn, Stage};
+use crate::gcra::BandState;
+use crate::quota::Quota;
+
+const SOURCE: &str = include_str!("redis.lua");
+
+/// Durations passed to the script are capped here (about 71 years) so that
+/// the script's sums stay exact in Lua's doubles.
+const MAX_SPAN_US: u64 = 1 << 51;
+
+/// The script and how this server takes it.
+pub(super) struct Script {
+    sha: Box<str>,
+    /// The server refused `EVALSHA`: send the script with every call.
+    eval_only: AtomicBool,
+}
+
+/// Keys and arguments of one call, after `EVAL[SHA] script|sha numkeys`.
+pub(super) struct Args {
+    keys: SmallVec<[KeyBuf; 2]>,
+    mode: &'static str,
+    now: Option<u64>,
+    spans: SmallVec<[[u64; 3]; 2]>,
+}
+
+impl Args {
+    /// `op` on every band of `key`; `now` in microseconds (`None`: the
+    /// server's `TIME`).
+    pub(super) fn new(
+        codec: &KeyCodec,
+        key: StorageKey<'_>,
+        bands: &[Quota],
+        op: Op,
+        now: Option<u64>,
+    ) -> Self {
+        let base = codec.base_key(key);
+        let mut keys = SmallVec::new();
+        for (quota, name) in bands.iter().zip(band_names(bands)) {
+            let mut k = base.clone();
+            push_band(&mut k, quota, name);
+            keys.push(k);
+        }
+        let (mode, cost) = match op {
+            Op::Charge(n) => ("c", n),
+            Op::Refund(n) => ("r", n),
+        };
+        let mut spans = SmallVec::new();
+        for quota in bands {
+            if quota.is_unlimited() {
+                spans.push([0, 0, 0]);
+                continue;
+            }
+            let interval = quota
+                .emission_interval_nanos()
+                .div_ceil(1_000)
+                .clamp(1, MAX_SPAN_US);
+            let tolerance = interval.saturating_mul(u64::from(quota.burst())).min(MAX_SPAN_US);
+            let increment = interval.saturating_mul(u64::from(cost)).min(MAX_SPAN_US);
+            spans.push([interval, tolerance, increment]);
+        }
+        Args {
+            keys,
+            mode,
+            now,
+            spans,
+        }
+    }
+}
+
+impl Script {
+    pub(super) fn new() -> Self {
+        Script {
+            sha: redis::Script::new(SOURCE).get_hash().into(),
+            eval_only: AtomicBool::new(false),
+        }
+    }
+
+    /// One script call (`EVALSHA`, or `EVAL` where needed) for `attempt`;
+    /// a failure names the step that failed.
+    pub(super) async fn call(
+        &self,
+        conn: &Conn,
+        args: &Args,
+        attempt: Attempt,
+    ) -> Result<Value, (Attempt, RedisError)> {
+        let failed = |step: Attempt| {
+            move |(stage, error): (Stage, RedisError)| match stage {
+                Stage::Connect => (Attempt::ConnectCluster, error),
+                Stage::Command => (step, error),
+            }
+        };
+        if !self.eval_only.load(Ordering::Relaxed) {
+            match conn.query(&self.command(args, true)).await {
+                Err((Stage::Command, e)) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                    return conn
+                        .query(&self.command(args, false))
+                        .await
+                        .map_err(failed(Attempt::LoadScript));
+                }
+                Err((Stage::Command, e)) if refuses_evalsha(&e) => {
+                    tracing::warn!("Redis refuses EVALSHA; sending the rate-limit script with every call");
+                    self.eval_only.store(true, Ordering::Relaxed);
+                }
+                other => return other.map_err(failed(attempt)),
+            }
+        }
+        conn.query(&self.command(args, false))
+            .await
+            .map_err(failed(attempt))
+    }
+
+    fn command(&self, args: &Args, by_sha: bool) -> Cmd {
+        let keys: usize = args.keys.iter().map(|k| k.len()).sum();
+        let size = if by_sha { 48 } else { SOURCE.len() + 8 } + keys + 24 + 60 * args.spans.len();
+        let mut cmd = Cmd::with_capacity(5 + 4 * args.keys.len(), size);
+        if by_sha {
+            cmd.arg("EVALSHA").arg(&*self.sha);
+        } else {
+            cmd.arg("EVAL").arg(SOURCE);
+        }
+        cmd.arg(args.keys.len());
+        for key in &args.keys {
+            cmd.arg(&key[..]);
+        }
+        cmd.arg(args.mode);
+        match args.now {
+            Some(now) => cmd.arg(now),
+            None => cmd.arg(""),
+        };
+        for span in &args.spans {
+            cmd.arg(span[0]).arg(span[1]).arg(span[2]);
+        }
+        cmd
+    }
+}
+
+/// `EVALSHA` itself is refused: `ERR unknown command 'evalsha'` (renamed
+/// away), or an ACL denying the command (not a key or a command the script
+/// runs, which is a `NOPERM` too).
+fn refuses_evalsha(e: &RedisError) -> bool {
+    let detail = e.detail().map(str::to_ascii_lowercase).unwrap_or_default();
+    match e.kind() {
+        ErrorKind::Server(ServerErrorKind::NoPerm) => detail.contains("'evalsha' command"),
+        ErrorKind::Server(ServerErrorKind::ResponseError) => detail.contains("unknown command 'evalsha'"),
+        _ => false,
+    }
+}
+
+/// The script's reply: `{allowed, now, (remaining, reset_after, retry_after)
+/// per band}`, times in microseconds.
+pub(super) fn decode(value: Value, bands: usize) -> Result<Decision, StorageError> {
+    let bad = || {
+        StorageError::new(
+            StorageErrorKind::Other,
+            "unexpected reply from the rate-limit script (another script under its SHA-1?)",
+        )
+    };
+    let Value::Array(items) = value else {
+        return Err(bad());
+    };
+    if bands > super::super::MAX_BANDS || items.len() != 2 + 3 * bands {
+        return Err(bad());
+    }
+    let mut reply = [0i64; 2 + 3 * super::super::MAX_BANDS];
+    for (slot, item) in reply.iter_mut().zip(items) {
+        let Value::Int(i) = item else {
+            return Err(bad());
+        };
+        *slot = i;
+    }
+    let mut states = BandStates::new();
+    for band in reply[2..2 + 3 * bands].chunks_exact(3) {
+        states.push(BandState {
+            remaining: if band[0] < 0 {
+                u32::MAX
+            } else {
+                u32::try_from(band[0]).unwrap_or(u32::MAX)
+            },
+            reset_after_ns: micros_to_nanos(band[1]),
+            retry_after_ns: micros_to_nanos(band[2]),
+        });
+    }
+    Ok(Decision::new(reply[0] == 1, micros_to_nanos(reply[1]), states))
+}
+
+fn micros_to_nanos(us: i64) -> u64 {
+    u64::try_from(us).unwrap_or(0).saturating_mul(1_000)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ints(values: &[i64]) -> Value {
+        Value::Array(values.iter().map(|&i| Value::Int(i)).collect())
+    }
+
+    #[test]
+    fn replies_decode() {
+        let d = decode(ints(&[1, 1_700_000_000_000_000, 4, 1_500, 0, -1, 0, 0]), 2).unwrap();
+        assert!(d.allowed);
+        assert_eq!(d.now, 1_700_000_000_000_000_000);
+        assert_eq!(d.bands[0].remaining, 4);
+        assert_eq!(d.bands[0].reset_after_ns, 1_500_000);
+        assert_eq!(d.bands[1].remaining, u32::MAX);
+        let d = decode(ints(&[0, 5, 0, 10, 7]), 1).unwrap();
+        assert!(!d.allowed);
+        assert_eq!(d.bands[0].retry_after_ns, 7_000);
+        assert!(decode(ints(&[1, 2, 3]), 1).is_err());
+        assert!(decode(Value::Nil, 1).is_err());
+        assert!(decode(Value::Array(vec![Value::Int(1), Value::Nil]), 0).is_err());
+    }
+
+    #[test]
+    fn evalsha_refusals_are_recognised() {
+        let server = |kind, detail: &str| {
+            RedisError::from((
+                ErrorKind::Server(kind),
+                "An error was signalled by the server",
+                detail.to_owned(),
+            ))
+        };
+        use ServerErrorKind::{NoPerm, ResponseError};
+        assert!(refuses_evalsha(&server(
+            ResponseError,
+            "unknown command 'EVALSHA', with args beginning with:"
+        )));
+        assert!(refuses_evalsha(&server(
+            NoPerm,
+            "this user has no permissions to run the 'evalsha' command"
+        )));
+        // a command or key the script uses, denied: not a reason to stop
+        // using EVALSHA
+        assert!(!refuses_evalsha(&server(
+            NoPerm,
+            "this user has no permissions to run the 'set' command script: 0123"
+        )));
+        assert!(!refuses_evalsha(&server(
+            ResponseError,
+            "tower-rate-tier: bad script arguments"
+        )));
+    }
+
+    #[test]
+    fn arguments_name_bands_by_window_and_cap_spans() {
+        let codec = KeyCodec::new("t", None).unwrap();
+        let key = StorageKey {
+            namespace: "",
+            tier: "free",
+            user: "u",
+        };
+        let bands = [Quota::per_day(10), Quota::unlimited()];
+        let args = Args::new(&codec, key, &bands, Op::Refund(2), Some(7));
+        assert_eq!(args.mode, "r");
+        assert!(args.keys[0].ends_with(b"}:w86400000"));
+        assert!(args.keys[1].ends_with(b"}:unlimited"));
+        assert_eq!(args.spans[0], [8_640_000_000, 86_400_000_000, 17_280_000_000]);
+        assert_eq!(args.spans[1], [0, 0, 0]);
+        let peek = Args::new(&codec, key, &bands[..1], Op::Charge(0), None);
+        assert_eq!((peek.mode, peek.spans[0][2], peek.now), ("c", 0, None));
+        let huge = Args::new(
+            &codec,
+            key,
+            &[Quota::per_day(1).with_burst(u32::MAX)],
+            Op::Charge(u32::MAX),
+            None,
+        );
+        assert_eq!(huge.spans[0][1..], [MAX_SPAN_US, MAX_SPAN_US]);
+    }
+}
