@@ -143,3 +143,37 @@ fn bytes_per_tracked_key_are_no_more_than_governors() {
     );
     assert!(ours <= governor, "ours {ours:.1} > governor {governor:.1}");
 }
+
+/// Tier definitions are ordinary shared values: 10,000 `RateTier`s built
+/// (each with tiers of its own names and quotas, checked once so the storage
+/// and headers are used) and dropped leave the live heap where it started.
+#[test]
+fn built_and_dropped_rate_tiers_leave_nothing_behind() {
+    use tower_rate_tier::{Quota, RateTier};
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let runtime = runtime();
+    // the process clock and the runtime's own structures settle first
+    let warm = RateTier::builder().tier("warm", Quota::per_second(1)).build();
+    drop(runtime.block_on(warm.check("u", "warm", 1)));
+    drop(warm);
+    let before = heap::live_bytes();
+    for i in 0..10_000u32 {
+        let name = format!("tier-{i}");
+        let tiers = RateTier::builder()
+            .tier(name.as_str(), Quota::per_minute(1 + i))
+            .tier("multi", [Quota::per_second(5), Quota::per_day(100 + i)])
+            .default_tier(name.as_str())
+            .build();
+        let info = runtime.block_on(tiers.check("ada", &name, 1)).unwrap().unwrap();
+        assert_eq!(info.tier(), name);
+        drop(info);
+        drop(tiers);
+    }
+    let after = heap::live_bytes();
+    let kept = heap::delta(before, after);
+    println!("10,000 RateTiers built and dropped: {kept} bytes kept");
+    assert!(
+        kept < 16 * 1024,
+        "{kept} bytes kept after dropping 10,000 RateTiers"
+    );
+}

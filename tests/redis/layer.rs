@@ -12,6 +12,7 @@ use tower::ServiceExt;
 use tower_rate_tier::storage::RedisStorage;
 use tower_rate_tier::{OnStorageError, Quota, RateTier, TierIdentity, TierLimitLayer, tier_cost};
 use tower_rate_tier_tests::redis::RedisServer;
+use tower_rate_tier_tests::storage_ops::Tally;
 
 use super::storage;
 
@@ -132,4 +133,36 @@ async fn layer_fails_open_or_closed_while_redis_is_down() {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
+}
+
+/// Storages wrap storages: two counting wrappers around Redis, under the
+/// layer. Every decision passes through both, and the limit holds.
+#[tokio::test]
+async fn wrappers_around_redis_compose_under_the_layer() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let outer = Tally::new(Tally::new(storage(&server.url()).await));
+    let tiers = RateTier::builder()
+        .tier("free", Quota::per_day(3))
+        .storage(outer.clone())
+        .build();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route("/search", get(search))
+        .layer(TierLimitLayer::new(tiers).identifier_fn(identity));
+    let statuses = [
+        get_as(&app, "/", "wrapped").await,
+        get_as(&app, "/", "wrapped").await,
+        get_as(&app, "/", "wrapped").await,
+        get_as(&app, "/", "wrapped").await,
+    ];
+    assert_eq!(
+        statuses,
+        [(200, Some(2)), (200, Some(1)), (200, Some(0)), (429, Some(0))]
+    );
+    // four charges went through both wrappers to Redis
+    let inner = outer.inner_ref();
+    assert_eq!(outer.counts(), (4, 0));
+    assert_eq!(inner.counts(), (4, 0));
 }

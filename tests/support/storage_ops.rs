@@ -23,3 +23,45 @@ pub trait StorageOps: Storage {
 }
 
 impl<S: Storage + ?Sized> StorageOps for S {}
+
+/// A storage that counts the operations it passes on to `inner`: the
+/// wrapper the storage docs show, generic so that wrappers compose.
+#[derive(Debug, Clone)]
+pub struct Tally<S> {
+    inner: S,
+    charges: Arc<std::sync::atomic::AtomicUsize>,
+    refunds: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl<S> Tally<S> {
+    /// Counts what passes through to `inner`.
+    pub fn new(inner: S) -> Self {
+        Tally {
+            inner,
+            charges: Arc::default(),
+            refunds: Arc::default(),
+        }
+    }
+
+    /// The wrapped storage.
+    pub fn inner_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// Charges (peeks included) and refunds passed on so far.
+    pub fn counts(&self) -> (usize, usize) {
+        use std::sync::atomic::Ordering::SeqCst;
+        (self.charges.load(SeqCst), self.refunds.load(SeqCst))
+    }
+}
+
+impl<S: Storage> Storage for Tally<S> {
+    fn decide(&self, key: StorageKey<'_>, bands: &[Quota], op: Op, clock: &Arc<dyn Clock>) -> Decide {
+        let counter = match op {
+            Op::Charge(_) => &self.charges,
+            Op::Refund(_) => &self.refunds,
+        };
+        counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.decide(key, bands, op, clock)
+    }
+}

@@ -2,7 +2,7 @@
 //! and the background task that runs them.
 
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, PoisonError, Weak};
 use std::time::Duration;
 
 use super::{Inner, Tats};
@@ -33,7 +33,9 @@ impl Inner {
         if self.gc_running.swap(true, Ordering::AcqRel) {
             return;
         }
-        handle.spawn(gc_loop(Arc::downgrade(self), self.gc_interval));
+        let (stop, stopped) = tokio::sync::oneshot::channel();
+        *self.gc_stop.lock().unwrap_or_else(PoisonError::into_inner) = Some(stop);
+        handle.spawn(gc_loop(Arc::downgrade(self), self.gc_interval, stopped));
     }
 
     fn now(&self) -> Nanos {
@@ -113,10 +115,14 @@ impl Drop for ResetOnDrop {
     }
 }
 
-async fn gc_loop(weak: Weak<Inner>, every: Duration) {
+async fn gc_loop(weak: Weak<Inner>, every: Duration, mut stopped: tokio::sync::oneshot::Receiver<()>) {
     let _reset = ResetOnDrop(weak.clone());
     loop {
-        tokio::time::sleep(every).await;
+        // Woken early only when the storage is dropped (or has started
+        // another task).
+        if tokio::time::timeout(every, &mut stopped).await.is_ok() {
+            return;
+        }
         let Some(inner) = weak.upgrade() else {
             return;
         };

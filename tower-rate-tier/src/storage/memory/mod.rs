@@ -43,7 +43,7 @@ const DEFAULT_GC_INTERVAL: Duration = Duration::from_secs(60);
 ///   task starts with the first decision made inside a tokio runtime (so
 ///   building outside one never panics), sweeps on tokio's blocking pool one
 ///   shard at a time (a decision waits at most for one of 64 shards), and
-///   stops when the storage is dropped. It reads the storage's own
+///   ends as soon as the storage is dropped. It reads the storage's own
 ///   [clock](MemoryStorageBuilder::clock), or else the clock of the first
 ///   decision. [`MemoryStorage::sweep`] runs one pass by hand.
 /// * At most [`max_keys`](MemoryStorageBuilder::max_keys) keys (default
@@ -75,6 +75,8 @@ struct Inner {
     /// The clock of garbage collection.
     clock: OnceLock<Arc<dyn Clock>>,
     gc_running: AtomicBool,
+    /// Dropped with the storage: ends its GC task at once.
+    gc_stop: std::sync::Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
     last_inline_sweep: AtomicU64,
 }
 
@@ -134,6 +136,7 @@ impl MemoryStorageBuilder {
                 gc_interval: self.gc_interval,
                 clock,
                 gc_running: AtomicBool::new(false),
+                gc_stop: std::sync::Mutex::new(None),
                 last_inline_sweep: AtomicU64::new(0),
             }),
         }
