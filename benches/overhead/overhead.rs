@@ -3,8 +3,9 @@
 //! layer, and with tower_governor's. See `run.sh` and `BENCHMARKS.md`.
 //!
 //! `overhead MODE N` with MODE one of `none`, `noop`, `ours`, `governor`,
-//! `fields`, `fields+id` (see `app`), or `core-ours`, `core-governor`,
-//! `core-ab ROUNDS` for the bare check.
+//! `governor-plain` (without `use_headers()`), `fields`, `fields+id` (see
+//! `app`), or `core-ours`, `core-governor`, `core-ab ROUNDS` for the bare
+//! check.
 
 use std::borrow::Cow;
 use std::future::Future;
@@ -87,6 +88,16 @@ fn app(mode: &str) -> Router {
                 .expect("valid governor config");
             router.layer(tower_governor::GovernorLayer::new(Arc::new(config)))
         }
+        // tower_governor without its rate-limit headers
+        "governor-plain" => {
+            let config = GovernorConfigBuilder::default()
+                .per_millisecond(360)
+                .burst_size(10_000)
+                .key_extractor(UserHeader)
+                .finish()
+                .expect("valid governor config");
+            router.layer(tower_governor::GovernorLayer::new(Arc::new(config)))
+        }
         // Floors, for reference: a router-wide layer that only inserts the
         // five header fields ours adds (constant values, no limiting)...
         "fields" => router.layer(tower::util::MapResponseLayer::new(insert_fields)),
@@ -99,7 +110,9 @@ fn app(mode: &str) -> Router {
                 })
                 .map_response(insert_fields),
         ),
-        other => panic!("unknown mode {other}: use none, noop, ours, governor, fields or fields+id"),
+        other => panic!(
+            "unknown mode {other}: use none, noop, ours, governor, governor-plain, fields or fields+id"
+        ),
     }
 }
 
@@ -126,9 +139,10 @@ fn core(mode: &str, n: usize) {
             }
         }
     } else {
-        let limiter = governor::RateLimiter::dashmap(governor::Quota::per_second(
-            std::num::NonZeroU32::new(1_000_000).expect("non-zero"),
-        ));
+        let limiter = governor::RateLimiter::dashmap_with_hasher(
+            governor::Quota::per_second(std::num::NonZeroU32::new(1_000_000).expect("non-zero")),
+            foldhash::fast::RandomState::default(),
+        );
         for i in 0..n {
             ok += usize::from(limiter.check_key(&keys[i % keys.len()]).is_ok());
         }
@@ -136,8 +150,58 @@ fn core(mode: &str, n: usize) {
     assert_eq!(ok, n, "every check must be admitted");
 }
 
-/// Alternating rounds of 200,000 checks each, ours then governor's; prints
-/// the fastest round of each (the least disturbed by other load).
+/// Polls a future that completes at once (every check on the memory
+/// storage does) with a no-op waker.
+fn ready<F: std::future::Future>(future: F) -> F::Output {
+    let mut future = std::pin::pin!(future);
+    match future
+        .as_mut()
+        .poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
+    {
+        std::task::Poll::Ready(out) => out,
+        std::task::Poll::Pending => panic!("a check on the memory storage waited"),
+    }
+}
+
+/// One check as an application makes it: awaited from an async fn.
+#[inline(never)]
+async fn admitted(tiers: &RateTier, key: &str) -> bool {
+    matches!(tiers.check(key, "free", 1).await, Ok(Ok(_)))
+}
+
+/// `n` checks awaited one after the other from an async fn.
+async fn awaited(tiers: &RateTier, keys: &[String], n: usize) -> usize {
+    let mut ok = 0;
+    for i in 0..n {
+        ok += usize::from(admitted(tiers, std::hint::black_box(&keys[i % keys.len()])).await);
+    }
+    ok
+}
+
+/// `n` checks, each future built and polled in place.
+fn in_place(tiers: &RateTier, keys: &[String], n: usize) -> usize {
+    let waker = std::task::Waker::noop();
+    let mut cx = std::task::Context::from_waker(waker);
+    let mut ok = 0;
+    for i in 0..n {
+        let key = &keys[i % keys.len()];
+        let mut check = std::pin::pin!(tiers.check(std::hint::black_box(key), "free", 1));
+        if let std::task::Poll::Ready(Ok(Ok(_))) = check.as_mut().poll(&mut cx) {
+            ok += 1;
+        }
+    }
+    ok
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
+}
+
+/// Alternating rounds of 200,000 checks each: ours awaited from an async fn,
+/// ours polled in place, and governor's `check_key`, both keyed maps on the
+/// same hasher (foldhash) and both on their default clocks. Prints the
+/// median ns per check of each and the median of the per-round ratios.
 fn core_ab(rounds: usize) {
     let keys: Vec<String> = (0..10_000).map(|i| format!("user-{i:05}")).collect();
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -148,32 +212,15 @@ fn core_ab(rounds: usize) {
     let tiers = RateTier::builder()
         .tier("free", Quota::per_second(1_000_000))
         .build();
-    let limiter = governor::RateLimiter::dashmap(governor::Quota::per_second(
-        std::num::NonZeroU32::new(1_000_000).expect("non-zero"),
-    ));
-    let waker = std::task::Waker::noop();
-    let mut cx = std::task::Context::from_waker(waker);
-    // Every key exists before measuring, inserted as the criterion bench
-    // does (one key of each limiter at a time).
+    let limiter = governor::RateLimiter::dashmap_with_hasher(
+        governor::Quota::per_second(std::num::NonZeroU32::new(1_000_000).expect("non-zero")),
+        foldhash::fast::RandomState::default(),
+    );
+    // Every key exists before measuring (the steady state of a busy server).
     for key in &keys {
-        let mut check = std::pin::pin!(tiers.check(key, "free", 1));
-        assert!(matches!(
-            check.as_mut().poll(&mut cx),
-            std::task::Poll::Ready(Ok(Ok(_)))
-        ));
+        assert!(ready(admitted(&tiers, key)));
         assert!(limiter.check_key(key).is_ok());
     }
-    let mut ours = |n: usize| {
-        let mut ok = 0usize;
-        for i in 0..n {
-            let key = &keys[i % keys.len()];
-            let mut check = std::pin::pin!(tiers.check(std::hint::black_box(key), "free", 1));
-            if let std::task::Poll::Ready(Ok(Ok(_))) = check.as_mut().poll(&mut cx) {
-                ok += 1;
-            }
-        }
-        ok
-    };
     let gov = |n: usize| {
         let mut ok = 0usize;
         for i in 0..n {
@@ -185,26 +232,31 @@ fn core_ab(rounds: usize) {
         }
         ok
     };
-    let (mut best_ours, mut best_gov) = (f64::MAX, f64::MAX);
-    let (mut sum_ours, mut sum_gov) = (0.0, 0.0);
     const N: usize = 200_000;
+    let time = |f: &mut dyn FnMut() -> usize| {
+        let t = std::time::Instant::now();
+        assert_eq!(f(), N, "every check must be admitted");
+        t.elapsed().as_nanos() as f64 / N as f64
+    };
+    let (mut a, mut p, mut g, mut ra, mut rp) = (vec![], vec![], vec![], vec![], vec![]);
     for _ in 0..rounds {
-        let t = std::time::Instant::now();
-        assert_eq!(ours(N), N);
-        let per = t.elapsed().as_nanos() as f64 / N as f64;
-        best_ours = best_ours.min(per);
-        sum_ours += per;
-        let t = std::time::Instant::now();
-        assert_eq!(gov(N), N);
-        let per = t.elapsed().as_nanos() as f64 / N as f64;
-        best_gov = best_gov.min(per);
-        sum_gov += per;
+        let awaited_ns = time(&mut || ready(awaited(&tiers, &keys, N)));
+        let in_place_ns = time(&mut || in_place(&tiers, &keys, N));
+        let gov_ns = time(&mut || gov(N));
+        ra.push(awaited_ns / gov_ns);
+        rp.push(in_place_ns / gov_ns);
+        a.push(awaited_ns);
+        p.push(in_place_ns);
+        g.push(gov_ns);
     }
     println!(
-        "ours {best_ours:.1} ns/check, governor {best_gov:.1} ns/check, ratio {:.2} (best rounds); means {:.1} / {:.1}",
-        best_ours / best_gov,
-        sum_ours / rounds as f64,
-        sum_gov / rounds as f64
+        "medians of {rounds} rounds: ours awaited {:.1} ns, ours in place {:.1} ns, governor {:.1} ns; \
+         ratio awaited/governor {:.2}, in place/governor {:.2}",
+        median(a),
+        median(p),
+        median(g),
+        median(ra),
+        median(rp)
     );
 }
 

@@ -79,6 +79,7 @@ pub mod __private;
 pub mod body;
 pub mod clock;
 pub mod cost;
+mod eq;
 mod event;
 mod gcra;
 mod headers;

@@ -311,7 +311,23 @@ impl<S: Storage + ?Sized> Storage for Box<S> {
 /// decide_bands(&mut tats, 0, &bands, Op::Refund(2));
 /// assert_eq!(tats, [None]);
 /// ```
+#[inline]
 pub fn decide_bands(tats: &mut [Option<Nanos>], now: Nanos, bands: &[Quota], op: Op) -> Decision {
+    if let ([tat], [quota], Op::Charge(cost)) = (&mut *tats, bands, op) {
+        // One band: its decision is the whole decision.
+        let d = crate::gcra::decide(*tat, now, quota, cost);
+        if d.new_tat.is_some() {
+            *tat = d.new_tat;
+        }
+        let mut states = BandStates::new();
+        states.push(d.state);
+        return Decision::new(d.allowed, now, states);
+    }
+    decide_many(tats, now, bands, op)
+}
+
+/// [`decide_bands`] for a refund, or for several bands.
+fn decide_many(tats: &mut [Option<Nanos>], now: Nanos, bands: &[Quota], op: Op) -> Decision {
     let cost = match op {
         Op::Charge(cost) => cost,
         Op::Refund(units) => {

@@ -40,6 +40,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::clock::Clock;
+use crate::eq::same_name;
 use crate::headers::TierHeaders;
 use crate::policy::OnMissing;
 use crate::quota::Quota;
@@ -152,7 +153,7 @@ impl RateTier {
         // A few names compare faster than they hash.
         let tiers = &self.inner.tiers;
         if tiers.len() <= LINEAR_LOOKUP_MAX_TIERS {
-            return tiers.iter().find(|t| *t.name == *tier);
+            return tiers.iter().find(|t| same_name(&t.name, tier));
         }
         self.inner.by_name.get(tier).map(|&i| &tiers[i])
     }

@@ -84,20 +84,22 @@ impl Inner {
 
     fn sweep_at(&self, now: Nanos) -> usize {
         let mut removed = 0usize;
-        self.single.retain(|_, tat| {
-            let keep = *tat > now;
-            removed += usize::from(!keep);
-            keep
-        });
-        self.multi.retain(|_, tats: &mut Tats| {
-            let keep = tats.iter().any(|&(_, tat)| tat > now);
-            removed += usize::from(!keep);
-            keep
-        });
-        // Give memory back after a flood has gone: tables mostly empty are
-        // shrunk.
-        shrink_if_sparse(&self.single);
-        shrink_if_sparse(&self.multi);
+        for scope in self.scopes.all().iter() {
+            scope.single.retain(|_, tat| {
+                let keep = *tat > now;
+                removed += usize::from(!keep);
+                keep
+            });
+            scope.multi.retain(|_, tats: &mut Tats| {
+                let keep = tats.iter().any(|&(_, tat)| tat > now);
+                removed += usize::from(!keep);
+                keep
+            });
+            // Give memory back after a flood has gone: tables mostly empty
+            // are shrunk.
+            shrink_if_sparse(&scope.single);
+            shrink_if_sparse(&scope.multi);
+        }
         self.len.fetch_sub(removed, Ordering::Relaxed);
         removed
     }
@@ -133,7 +135,7 @@ async fn gc_loop(weak: Weak<Inner>, every: Duration, mut stopped: tokio::sync::o
     }
 }
 
-fn shrink_if_sparse<V>(map: &dashmap::DashMap<Box<[u8]>, V, super::Hasher>) {
+fn shrink_if_sparse<V>(map: &dashmap::DashMap<Box<str>, V, super::Hasher>) {
     if map.capacity() > 4 * map.len() + 4 * 1024 {
         map.shrink_to_fit();
     }

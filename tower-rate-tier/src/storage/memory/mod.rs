@@ -1,19 +1,20 @@
-//! In-process storage on [`DashMap`].
+//! In-process storage on [`DashMap`](dashmap::DashMap).
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
-use smallvec::SmallVec;
 
 use super::{BandName, Decide, Decision, MAX_BANDS, Op, Storage, StorageError, StorageErrorKind, StorageKey};
 use crate::clock::{Clock, Nanos};
 use crate::quota::Quota;
 
 mod gc;
+mod scope;
+
+use scope::Scopes;
 
 type Hasher = foldhash::fast::RandomState;
 
@@ -21,18 +22,17 @@ type Hasher = foldhash::fast::RandomState;
 /// name.
 type Tats = Box<[(BandName, Nanos)]>;
 
-const SHARDS: usize = 64;
 const DEFAULT_MAX_KEYS: usize = 1_000_000;
 const DEFAULT_GC_INTERVAL: Duration = Duration::from_secs(60);
 
 /// GCRA state in this process's memory.
 ///
-/// * Two maps keyed by namespace, tier and user id (encoded into a stack
-///   buffer, never formatted), updated atomically per key under a DashMap
-///   shard lock: one for tiers of one band (one TAT per key, the band's
-///   [stable name](super::band_names) part of the key), one for tiers of
-///   several bands (one TAT per band under the band's name, all decided
-///   under the key's one lock: all or nothing). A band keeps its state
+/// * One scope per band of a one-band tier (by the band's
+///   [stable name](super::band_names)) or per tier of several bands, of
+///   each limiter (namespace): maps keyed by user id, updated atomically per
+///   key under a DashMap shard lock. A one-band scope holds one TAT per
+///   user; a multi-band scope holds one TAT per band under the band's name,
+///   all decided under the key's one lock (all or nothing). A band keeps its state
 ///   across a configuration change that keeps its refill window; a tier
 ///   that goes from one band to several, or back, starts afresh.
 /// * A decision neither allocates (only a user seen for the first time is
@@ -67,8 +67,7 @@ pub struct MemoryStorage {
 }
 
 struct Inner {
-    single: DashMap<Box<[u8]>, Nanos, Hasher>,
-    multi: DashMap<Box<[u8]>, Tats, Hasher>,
+    scopes: Scopes,
     len: AtomicUsize,
     max_keys: usize,
     gc_interval: Duration,
@@ -129,8 +128,7 @@ impl MemoryStorageBuilder {
         }
         MemoryStorage {
             inner: Arc::new(Inner {
-                single: new_map(),
-                multi: new_map(),
+                scopes: Scopes::default(),
                 len: AtomicUsize::new(0),
                 max_keys: self.max_keys,
                 gc_interval: self.gc_interval,
@@ -181,37 +179,6 @@ impl Storage for MemoryStorage {
     fn decide(&self, key: StorageKey<'_>, bands: &[Quota], op: Op, clock: &Arc<dyn Clock>) -> Decide {
         Decide::ready(self.inner.decide(key, bands, op, clock))
     }
-}
-
-fn new_map<V>() -> DashMap<Box<[u8]>, V, Hasher> {
-    DashMap::with_capacity_and_hasher_and_shard_amount(0, Hasher::default(), SHARDS)
-}
-
-/// `[len][namespace][len][tier][band][user]`: namespace and tier names are
-/// at most 255 bytes and the band is a self-delimiting varint, so the
-/// encoding is unambiguous.
-type KeyBuf = SmallVec<[u8; 64]>;
-
-fn encode(key: StorageKey<'_>, band: Option<BandName>) -> KeyBuf {
-    let mut out = KeyBuf::new();
-    let ns = key.namespace.len().min(255);
-    let tier = key.tier.len().min(255);
-    out.reserve(2 + ns + tier + 11 + key.user.len());
-    out.push(ns as u8);
-    out.extend_from_slice(&key.namespace.as_bytes()[..ns]);
-    out.push(tier as u8);
-    out.extend_from_slice(&key.tier.as_bytes()[..tier]);
-    if let Some(band) = band {
-        let mut n = band.window_ms;
-        while n >= 0x80 {
-            out.push((n as u8) | 0x80);
-            n >>= 7;
-        }
-        out.push(n as u8);
-        out.push(band.repeat);
-    }
-    out.extend_from_slice(key.user.as_bytes());
-    out
 }
 
 /// The stored TATs of `bands`, by band name; `None` for a band without one.
@@ -266,15 +233,30 @@ impl Inner {
         clock: &Arc<dyn Clock>,
     ) -> Result<Decision, StorageError> {
         let bands = std::slice::from_ref(quota);
-        let name = super::band_names(bands).next();
-        let key = encode(key, name);
-        if let Some(mut stored) = self.single.get_mut(&key[..]) {
-            let now = clock.now();
-            let mut tat = [Some(*stored)];
-            let decision = super::decide_bands(&mut tat, now, bands, op);
-            *stored = tat[0].unwrap_or(now);
-            return Ok(decision);
-        }
+        let band = super::band_names(bands).next();
+        self.scopes.with(&key, band, |scope| {
+            if let Some(mut stored) = scope.single.get_mut(key.user) {
+                let now = clock.now();
+                let mut tat = [Some(*stored)];
+                let decision = super::decide_bands(&mut tat, now, bands, op);
+                *stored = tat[0].unwrap_or(now);
+                return Ok(decision);
+            }
+            self.insert_one(scope, key.user, bands, op, clock)
+        })
+    }
+
+    /// [`Inner::decide_one`] for a user without a stored state.
+    #[cold]
+    #[inline(never)]
+    fn insert_one(
+        &self,
+        scope: &scope::Scope,
+        user: &str,
+        bands: &[Quota],
+        op: Op,
+        clock: &Arc<dyn Clock>,
+    ) -> Result<Decision, StorageError> {
         let now = clock.now();
         let mut tat = [None];
         let decision = super::decide_bands(&mut tat, now, bands, op);
@@ -283,7 +265,7 @@ impl Inner {
             return Ok(decision);
         }
         self.reserve_slot(now)?;
-        match self.single.entry(Box::from(&key[..])) {
+        match scope.single.entry(Box::from(user)) {
             Entry::Occupied(mut e) => {
                 // Another request inserted the key meanwhile: decide again
                 // against its state.
@@ -321,48 +303,44 @@ impl Inner {
         }
         let names = &names[..bands.len()];
         let n = bands.len();
-        let key = encode(key, None);
-        let apply = |stored: Option<&mut Tats>, now: Nanos| {
-            let mut tats = stored.as_deref().map_or([None; MAX_BANDS], |s| lookup(s, names));
+        // The decision over the stored state (none for a new key), and the
+        // state to keep (none when every band is fresh).
+        let apply = |stored: Option<&Tats>, now: Nanos| {
+            let mut tats = stored.map_or([None; MAX_BANDS], |s| lookup(s, names));
             let decision = super::decide_bands(&mut tats[..n], now, bands, op);
             let keep = tats[..n].iter().any(Option::is_some);
             (decision, keep.then(|| store(names, &tats[..n], now)))
         };
-        if let Some(mut stored) = self.multi.get_mut(&key[..]) {
-            let (decision, new) = apply(Some(&mut stored), clock.now());
-            match new {
-                Some(new) => *stored = new,
-                None => {
-                    let now = decision.now;
-                    for (_, tat) in stored.iter_mut() {
-                        *tat = (*tat).min(now);
-                    }
-                }
-            }
-            return Ok(decision);
-        }
-        let now = clock.now();
-        let (decision, new) = apply(None, now);
-        if new.is_none() {
-            return Ok(decision);
-        }
-        self.reserve_slot(now)?;
-        match self.multi.entry(Box::from(&key[..])) {
-            Entry::Occupied(mut e) => {
-                self.len.fetch_sub(1, Ordering::Relaxed);
-                let (decision, new) = apply(Some(e.get_mut()), clock.now());
-                if let Some(new) = new {
-                    *e.get_mut() = new;
-                }
-                Ok(decision)
-            }
-            Entry::Vacant(e) => {
+        self.scopes.with(&key, None, |scope| {
+            if let Some(mut stored) = scope.multi.get_mut(key.user) {
                 let now = clock.now();
-                let (decision, new) = apply(None, now);
-                e.insert(new.unwrap_or_else(|| store(names, &[None; MAX_BANDS][..n], now)));
-                Ok(decision)
+                let (decision, new) = apply(Some(&stored), now);
+                // every band fresh again (a refund): expired, for the GC
+                *stored = new.unwrap_or_else(|| store(names, &[None; MAX_BANDS][..n], now));
+                return Ok(decision);
             }
-        }
+            let now = clock.now();
+            let (decision, new) = apply(None, now);
+            if new.is_none() {
+                return Ok(decision);
+            }
+            self.reserve_slot(now)?;
+            match scope.multi.entry(Box::from(key.user)) {
+                Entry::Occupied(mut e) => {
+                    self.len.fetch_sub(1, Ordering::Relaxed);
+                    let now = clock.now();
+                    let (decision, new) = apply(Some(e.get()), now);
+                    *e.get_mut() = new.unwrap_or_else(|| store(names, &[None; MAX_BANDS][..n], now));
+                    Ok(decision)
+                }
+                Entry::Vacant(e) => {
+                    let now = clock.now();
+                    let (decision, new) = apply(None, now);
+                    e.insert(new.unwrap_or_else(|| store(names, &[None; MAX_BANDS][..n], now)));
+                    Ok(decision)
+                }
+            }
+        })
     }
 }
 
