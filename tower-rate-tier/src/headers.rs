@@ -57,20 +57,53 @@ impl TierHeaders {
         }
     }
 
-    /// The `RateLimit` value for the bands' states.
+    /// The `RateLimit` value for the bands' states, written into a stack
+    /// buffer first so that the value is one allocation of its exact size.
     pub(crate) fn ratelimit(&self, states: &[BandState]) -> Option<HeaderValue> {
-        let mut out = String::with_capacity(24 * states.len());
+        let mut out = Stack::default();
         for (i, (state, item)) in states.iter().zip(&self.items).enumerate() {
             if i > 0 {
-                out.push_str(", ");
+                out.push(b", ");
             }
-            out.push_str(item);
-            out.push_str(";r=");
-            out.push_str(itoa::Buffer::new().format(state.remaining));
-            out.push_str(";t=");
-            out.push_str(itoa::Buffer::new().format(secs_ceil(state.reset_after_ns)));
+            out.push(item.as_bytes());
+            out.push(b";r=");
+            out.push(itoa::Buffer::new().format(state.remaining).as_bytes());
+            out.push(b";t=");
+            out.push(
+                itoa::Buffer::new()
+                    .format(secs_ceil(state.reset_after_ns))
+                    .as_bytes(),
+            );
         }
-        HeaderValue::try_from(out).ok()
+        HeaderValue::from_bytes(out.as_bytes()).ok()
+    }
+}
+
+/// A header value being written: on the stack while it fits (every value
+/// but those of very long tier names), then on the heap.
+#[derive(Default)]
+struct Stack {
+    inline: arrayvec::ArrayVec<u8, 128>,
+    heap: Vec<u8>,
+}
+
+impl Stack {
+    fn push(&mut self, bytes: &[u8]) {
+        if self.heap.is_empty() && self.inline.try_extend_from_slice(bytes).is_ok() {
+            return;
+        }
+        if self.heap.is_empty() {
+            self.heap.extend_from_slice(&self.inline);
+        }
+        self.heap.extend_from_slice(bytes);
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        if self.heap.is_empty() {
+            &self.inline
+        } else {
+            &self.heap
+        }
     }
 }
 
@@ -79,9 +112,11 @@ pub(crate) fn secs_ceil(nanos: u64) -> u64 {
     nanos.div_ceil(1_000_000_000)
 }
 
-/// A number as a header value.
+/// A number as a header value (its digits written by `itoa` on the stack,
+/// then one allocation of their size).
 pub(crate) fn number(n: u64) -> HeaderValue {
-    HeaderValue::from(n)
+    let mut digits = itoa::Buffer::new();
+    HeaderValue::from_bytes(digits.format(n).as_bytes()).unwrap_or_else(|_| HeaderValue::from(n))
 }
 
 fn item_name(tier: &str, bands: usize, index: usize) -> String {
