@@ -495,8 +495,35 @@ async fn stacked_limiters_each_count_in_their_own_namespace() {
     assert_eq!(hit(&app, "POST", "/login", "ada").await.0, 200);
     let r = send(&app, req("POST", "/login", Some("ada"), None)).await;
     assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
-    // the general limiter counted the two admitted logins only
-    assert_eq!(hit(&app, "GET", "/plain", "ada").await, (200, Some(6)));
+    // the refusal carries the strict limiter's own fields
+    assert_eq!(
+        r.header("ratelimit-policy").as_deref(),
+        Some(r#""free";q=2;w=60"#)
+    );
+    // the general limiter counted the two admitted logins only: the refused
+    // third consumed nothing there either (10 - 2 logins - this request)
+    assert_eq!(hit(&app, "GET", "/plain", "ada").await, (200, Some(7)));
+}
+
+#[tokio::test]
+async fn refund_on_gives_back_the_charge_of_chosen_statuses_only() {
+    let clock = FakeClock::new();
+    let app = Router::new()
+        .route("/ok", get(|| async { "ok" }))
+        .route("/boom", get(|| async { StatusCode::INTERNAL_SERVER_ERROR }))
+        .route("/busy", get(|| async { StatusCode::TOO_MANY_REQUESTS }))
+        .layer(
+            TierLimitLayer::new(tiers(&clock))
+                .identifier_fn(header_identity)
+                .refund_on(|status| status.is_server_error()),
+        );
+    assert_eq!(hit(&app, "GET", "/ok", "ada").await, (200, Some(9)));
+    // a 500 is given back, and its headers say so
+    assert_eq!(hit(&app, "GET", "/boom", "ada").await, (500, Some(9)));
+    assert_eq!(hit(&app, "GET", "/boom", "ada").await, (500, Some(9)));
+    // the inner service's own 429 is its answer: charged
+    assert_eq!(hit(&app, "GET", "/busy", "ada").await, (429, Some(8)));
+    assert_eq!(hit(&app, "GET", "/ok", "ada").await, (200, Some(7)));
 }
 
 // ---------------------------------------------------------------- policies

@@ -8,6 +8,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use http::Response;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
@@ -82,4 +83,17 @@ where
             Kind::Refusal { body } => SizeHint::with_exact(body.as_ref().map_or(0, |b| b.len() as u64)),
         }
     }
+}
+
+/// Marks, in its extensions, a response the limiter answered itself: a
+/// limiter further out gives its charge back (a refused request consumes
+/// nothing anywhere) and leaves the refusal's own headers alone.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Refusal;
+
+/// A refusal of the limiter as the response of the service it wraps.
+pub(crate) fn refusal<B>(response: Response<Bytes>) -> Response<ResponseBody<B>> {
+    let mut response = response.map(ResponseBody::refusal);
+    response.extensions_mut().insert(Refusal);
+    response
 }

@@ -10,6 +10,7 @@ use smallvec::SmallVec;
 
 use super::Source;
 use super::learned::{Learned, RouteKey};
+use crate::body::Refusal;
 use crate::refusal::{Refusals, missing_limiter};
 use crate::tier::{CheckError, RateLimitInfo, RateTier, TierEntry, conclude};
 
@@ -20,7 +21,11 @@ pub(crate) struct Ledger {
     pub(crate) tiers: RateTier,
     pub(crate) refusals: Refusals,
     pub(crate) learned: Arc<Learned>,
+    /// Statuses of the inner service's answers whose charge is given back.
+    pub(crate) refund_on: Option<Arc<RefundOn>>,
 }
+
+pub(crate) type RefundOn = dyn Fn(http::StatusCode) -> bool + Send + Sync;
 
 /// What a charge ended as.
 #[derive(Debug, Clone)]
@@ -103,7 +108,30 @@ impl Charge {
     /// state, and learns the route's declared cost (or that a route that
     /// answered successfully declares none).
     pub(crate) fn finish<B>(&self, response: &mut Response<B>) {
-        let state = self.lock();
+        let mut state = self.lock();
+        if response.extensions().get::<Refusal>().is_some() {
+            // A limiter further in refused the request: it consumes nothing
+            // here either, and the refusal keeps its own headers. Its route
+            // declarations may not have run: nothing is learned.
+            let charged = std::mem::take(&mut state.charged);
+            drop(state);
+            self.give_back_now(charged);
+            return;
+        }
+        let refund = self
+            .ledger
+            .refund_on
+            .as_ref()
+            .is_some_and(|refund_on| refund_on(response.status()));
+        if refund && state.charged > 0 {
+            // The inner service's answer is one the layer was told to give
+            // the charge back for.
+            let charged = std::mem::take(&mut state.charged);
+            if let Outcome::Admitted(info) = &mut state.outcome {
+                info.refunded(charged);
+            }
+            self.give_back_now(charged);
+        }
         if let Outcome::Admitted(info) = &state.outcome {
             crate::response::apply_info_headers(response.headers_mut(), info);
         }
@@ -201,6 +229,31 @@ impl Charge {
         match self.ledger.tiers.begin(&self.user, &self.tier, cost) {
             Ok(decide) => conclude(&self.tier, decide.await),
             Err(answered) => answered,
+        }
+    }
+
+    /// Gives `units` back from the response's way out: at once when the
+    /// storage decides at once, else in a task of its own.
+    fn give_back_now(&self, units: u32) {
+        let Some(refund) = self.ledger.tiers.start_refund(&self.user, &self.tier, units) else {
+            return;
+        };
+        match refund.into_ready() {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::warn!(target: "tower_rate_tier", error = %e, "rate-limit refund failed"),
+            Err(pending) => match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => {
+                    runtime.spawn(async move {
+                        if let Err(e) = pending.await {
+                            tracing::warn!(target: "tower_rate_tier", error = %e, "rate-limit refund failed");
+                        }
+                    });
+                }
+                Err(_) => tracing::warn!(
+                    target: "tower_rate_tier",
+                    "rate-limit refund skipped: the storage waits and no tokio runtime runs here"
+                ),
+            },
         }
     }
 

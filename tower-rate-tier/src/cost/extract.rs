@@ -19,7 +19,11 @@ impl<S: Send + Sync, const N: u32> axum::extract::FromRequestParts<S> for TierCo
         let settlement = Settlement::of(parts.extensions.get::<Charges>(), N, Source::Handler);
         match settlement.run(N, Source::Handler).await {
             Ok(()) => Ok(TierCostGuard),
-            Err(refusal) => Err(refusal.map(axum::body::Body::from)),
+            Err(refusal) => {
+                let mut refusal = refusal.map(axum::body::Body::from);
+                refusal.extensions_mut().insert(crate::body::Refusal);
+                Err(refusal)
+            }
         }
     }
 }

@@ -84,7 +84,7 @@ where
                     future: Box::pin(async move {
                         match settlement.run(cost, Source::RouteLayer).await {
                             Ok(()) => inner.call(req).await.map(|r| r.map(ResponseBody::inner)),
-                            Err(refusal) => Ok(refusal.map(ResponseBody::refusal)),
+                            Err(refusal) => Ok(crate::body::refusal(refusal)),
                         }
                     }),
                 }
@@ -126,7 +126,7 @@ where
         match self.project().state.project() {
             StateProj::Inner { future } => Poll::Ready(Ok(ready!(future.poll(cx))?.map(ResponseBody::inner))),
             StateProj::Refused { response } => match response.take() {
-                Some(response) => Poll::Ready(Ok(response.map(ResponseBody::refusal))),
+                Some(response) => Poll::Ready(Ok(crate::body::refusal(response))),
                 None => panic!("`TierCostFuture` polled after completion"),
             },
             StateProj::Settling { future } => future.as_mut().poll(cx),

@@ -201,18 +201,18 @@ where
                         StatusCode::PAYLOAD_TOO_LARGE,
                         "the request body is larger than the limit",
                     );
-                    return Ok(r.map(ResponseBody::refusal));
+                    return Ok(crate::body::refusal(r));
                 }
                 Ok(Err(_)) => {
                     let r = refuse(StatusCode::BAD_REQUEST, "the request body could not be read");
-                    return Ok(r.map(ResponseBody::refusal));
+                    return Ok(crate::body::refusal(r));
                 }
                 Err(_) => {
                     let r = refuse(
                         StatusCode::REQUEST_TIMEOUT,
                         "the request body was not received in time",
                     );
-                    return Ok(r.map(ResponseBody::refusal));
+                    return Ok(crate::body::refusal(r));
                 }
             };
             let identity = match &shared.identify {

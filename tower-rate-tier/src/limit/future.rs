@@ -84,7 +84,7 @@ where
                 Poll::Ready(Ok(finish(response, charge.take().as_ref())))
             }
             KindProj::Refused { response } => match response.take() {
-                Some(response) => Poll::Ready(Ok(response.map(ResponseBody::refusal))),
+                Some(response) => Poll::Ready(Ok(crate::body::refusal(response))),
                 None => panic!("`ResponseFuture` polled after completion"),
             },
             KindProj::Boxed { future } => future.as_mut().poll(cx),

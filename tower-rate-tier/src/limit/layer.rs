@@ -90,6 +90,7 @@ impl TierLimitLayer {
                     tiers,
                     refusals: Refusals::default(),
                     learned: Arc::default(),
+                    refund_on: None,
                 }),
                 identify: Identify::Nobody,
                 on_unknown_tier: OnUnknownTier::default(),
@@ -175,6 +176,21 @@ impl TierLimitLayer {
         F: Fn(&Parts) -> Option<u32> + Send + Sync + 'static,
     {
         self.config().cost_fn = Some(Arc::new(f));
+        self
+    }
+
+    /// Gives a request's charge back when the inner service answers with a
+    /// status `f` picks, e.g. `.refund_on(|status| status.is_server_error())`
+    /// so that clients are not charged for the server's failures. Without
+    /// it, every admitted request is charged, whatever its answer, and an
+    /// inner service's own 429 is charged too (it is the service's answer,
+    /// not this limiter's). A refusal by another limiter of this crate
+    /// further in is always given back: a refused request consumes nothing.
+    pub fn refund_on<F>(mut self, f: F) -> Self
+    where
+        F: Fn(http::StatusCode) -> bool + Send + Sync + 'static,
+    {
+        Arc::make_mut(&mut self.config().ledger).refund_on = Some(Arc::new(f));
         self
     }
 

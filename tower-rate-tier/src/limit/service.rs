@@ -184,6 +184,6 @@ where
             let response = inner.call(Request::from_parts(parts, body)).await?;
             Ok(finish(response, charge.as_ref()))
         }
-        Admission::Refuse(response) => Ok(response.map(ResponseBody::refusal)),
+        Admission::Refuse(response) => Ok(crate::body::refusal(response)),
     }
 }

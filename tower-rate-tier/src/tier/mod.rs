@@ -185,11 +185,19 @@ impl RateTier {
 
     /// Gives `cost` back to `user` in `tier`.
     pub(crate) async fn give_back(&self, user: &str, tier: &TierEntry, cost: u32) -> Result<(), CheckError> {
-        if tier.unlimited || cost == 0 || user.is_empty() || user.len() > MAX_USER_ID_LEN {
-            return Ok(());
+        if let Some(refund) = self.start_refund(user, tier, cost) {
+            refund.await?;
         }
-        self.decide(user, tier, Op::Refund(cost)).await?;
         Ok(())
+    }
+
+    /// Starts giving `cost` back to `user` in `tier`; `None` when there is
+    /// nothing to give back.
+    pub(crate) fn start_refund(&self, user: &str, tier: &TierEntry, cost: u32) -> Option<Decide> {
+        if tier.unlimited || cost == 0 || user.is_empty() || user.len() > MAX_USER_ID_LEN {
+            return None;
+        }
+        Some(self.decide(user, tier, Op::Refund(cost)))
     }
 
     fn decide(&self, user: &str, tier: &TierEntry, op: Op) -> Decide {
