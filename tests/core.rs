@@ -449,9 +449,9 @@ fn limits_of_valid_configurations_build() {
         .default_tier("e")
         .try_build()
         .unwrap();
-    assert_eq!(t.quotas(&"x".repeat(255)).map(<[Quota]>::len), Some(4));
-    assert_eq!(t.quotas("e"), Some(&[Quota::unlimited()][..]));
-    assert_eq!(t.default_tier(), Some("e"));
+    assert_eq!(t.quotas(&"x".repeat(255)).as_deref().map(<[Quota]>::len), Some(4));
+    assert_eq!(t.quotas("e").as_deref(), Some(&[Quota::unlimited()][..]));
+    assert_eq!(t.default_tier().as_deref(), Some("e"));
 }
 
 // ------------------------------------------------------------ backwards clock

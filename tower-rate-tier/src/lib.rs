@@ -33,7 +33,7 @@
 //!     .tier("enterprise", Quota::unlimited())
 //!     .default_tier("free")
 //!     .build();
-//! assert_eq!(tiers.quotas("pro"), Some(&[Quota::per_minute(100)][..]));
+//! assert_eq!(tiers.quotas("pro").as_deref(), Some(&[Quota::per_minute(100)][..]));
 //!
 //! let app: Router = Router::new()
 //!     .route("/", get(|| async { "hello" }))                               // costs 1

@@ -158,7 +158,7 @@ impl Shared {
         });
         let (user, tier) = match identity {
             Some(identity) => match self.ledger.tiers.resolve(&identity.tier) {
-                Some(tier) => (identity.user_id, tier.clone()),
+                Some(tier) => (identity.user_id, tier),
                 None => {
                     let id = self.unknown_tier(head, &identity)?;
                     (identity.user_id, id)
@@ -287,7 +287,7 @@ impl Shared {
             .refusals
             .event(&RateLimitEvent::UnknownTier { user, tier });
         match self.on_unknown_tier {
-            OnUnknownTier::UseDefault => self.ledger.tiers.default_entry().cloned().ok_or_else(|| {
+            OnUnknownTier::UseDefault => self.ledger.tiers.default_entry().ok_or_else(|| {
                 Admission::Refuse(problem(
                     StatusCode::FORBIDDEN,
                     "the client's tier is not configured and there is no default tier",
@@ -311,7 +311,7 @@ impl Shared {
             OnMissing::UseDefault => match tiers.default_entry() {
                 Some(tier) => {
                     let user = self.client_addrs.anonymous_key(head.headers(), head.extensions());
-                    Ok((user, tier.clone()))
+                    Ok((user, tier))
                 }
                 None => Err(Admission::Refuse(problem(
                     StatusCode::FORBIDDEN,
@@ -332,7 +332,7 @@ impl Shared {
     /// limiter, so that route-level costs do not fail closed.
     fn pass_uncounted(self: &Arc<Self>, head: &mut impl Head) -> Option<Arc<Charge>> {
         let tiers = &self.ledger.tiers;
-        let tier = tiers.default_entry().or_else(|| tiers.first_entry())?.clone();
+        let tier = tiers.default_entry().or_else(|| tiers.first_entry())?;
         let charge = Charge::new(
             self.ledger.clone(),
             String::new(),

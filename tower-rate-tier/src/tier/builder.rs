@@ -1,13 +1,14 @@
 //! [`RateTierBuilder`]: how a [`RateTier`] is configured.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
+
+use super::table::Table;
 use super::{Config, IntoTierName, RateTier, TierEntry, TierTable};
 use crate::clock::{Clock, SystemClock};
-use crate::headers::TierHeaders;
 use crate::policy::OnMissing;
 use crate::quota::{IntoQuotas, Quota};
 use crate::storage::{MAX_BANDS, MemoryStorage, Storage};
@@ -30,6 +31,8 @@ pub enum BuildError {
     TooManyBands(String),
     /// A tier name or the namespace is empty or longer than 255 bytes.
     InvalidName(String),
+    /// A tier given to `shadow_tier` is not configured.
+    UnknownShadowTier(String),
 }
 
 impl fmt::Display for BuildError {
@@ -46,6 +49,7 @@ impl fmt::Display for BuildError {
             }
             BuildError::NoBands(t) => write!(f, "tier `{t}` has no quota"),
             BuildError::TooManyBands(t) => write!(f, "tier `{t}` has more than {MAX_BANDS} bands"),
+            BuildError::UnknownShadowTier(t) => write!(f, "the shadowed tier `{t}` is not a configured tier"),
             BuildError::InvalidName(t) => {
                 write!(
                     f,
@@ -67,6 +71,7 @@ pub struct RateTierBuilder {
     clock: Option<Arc<dyn Clock>>,
     storage: Option<Arc<dyn Storage>>,
     namespace: String,
+    shadowed: Vec<Cow<'static, str>>,
 }
 
 impl RateTierBuilder {
@@ -117,6 +122,15 @@ impl RateTierBuilder {
         self
     }
 
+    /// Dark-launches `tier`: its requests are decided and reported as usual,
+    /// but a would-be refusal (429, or a cost above the burst) is let
+    /// through and consumes nothing (see `TierLimitLayer::shadow` for the
+    /// whole layer). A name that is not a tier is a build error.
+    pub fn shadow_tier(mut self, tier: impl IntoTierName) -> Self {
+        self.shadowed.push(tier.into_tier_name());
+        self
+    }
+
     /// A key namespace, so that several limiters can share one storage
     /// without sharing quotas (default empty).
     pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
@@ -146,62 +160,27 @@ impl RateTierBuilder {
         if self.namespace.len() > 255 {
             return Err(BuildError::InvalidName(self.namespace));
         }
-        let mut by_name = HashMap::with_hasher(foldhash::fast::RandomState::default());
         let mut tiers = Vec::with_capacity(self.tiers.len());
-        for (index, (name, bands)) in self.tiers.into_iter().enumerate() {
-            if name.is_empty() || name.len() > 255 {
-                return Err(BuildError::InvalidName(name.into_owned()));
-            }
-            if bands.is_empty() {
-                return Err(BuildError::NoBands(name.into_owned()));
-            }
-            if bands.len() > MAX_BANDS {
-                return Err(BuildError::TooManyBands(name.into_owned()));
-            }
-            let unlimited = bands.iter().filter(|q| q.is_unlimited()).count();
-            if unlimited > 0 && unlimited < bands.len() {
-                return Err(BuildError::UnlimitedWithBands(name.into_owned()));
-            }
-            let unlimited = unlimited > 0;
-            let bands: Box<[Quota]> = if unlimited {
-                Box::new([Quota::unlimited()])
-            } else {
-                bands.into()
-            };
-            let max_cost = if unlimited {
-                u32::MAX
-            } else {
-                bands.iter().map(Quota::burst).min().unwrap_or(0)
-            };
-            if by_name.insert(Box::<str>::from(&*name), index).is_some() {
-                return Err(BuildError::DuplicateTier(name.into_owned()));
-            }
-            tiers.push(Arc::new(TierEntry {
-                headers: TierHeaders::new(&name, &bands),
-                name: name.into(),
-                bands,
-                max_cost,
-                unlimited,
-            }));
+        for (name, bands) in self.tiers {
+            let mut entry = TierEntry::new(&name, bands)?;
+            entry.shadow = self.shadowed.iter().any(|s| *s == name);
+            tiers.push(entry);
         }
-        let default_tier = match self.default_tier {
-            None => None,
-            Some(name) => Some(
-                by_name
-                    .get(&*name)
-                    .copied()
-                    .ok_or_else(|| BuildError::UnknownDefaultTier(name.into_owned()))?,
-            ),
-        };
+        if let Some(name) = self
+            .shadowed
+            .iter()
+            .find(|s| !tiers.iter().any(|t| *t.name == ***s))
+        {
+            return Err(BuildError::UnknownShadowTier(name.to_string()));
+        }
+        let table = Table::new(tiers, self.default_tier.as_deref())?;
         let clock: Arc<dyn Clock> = self.clock.unwrap_or_else(|| Arc::new(SystemClock));
         // Calibrates the process clock now rather than on the first request.
         let _ = clock.now();
         let storage = self.storage.unwrap_or_else(|| Arc::new(MemoryStorage::new()));
         Ok(RateTier {
             inner: Arc::new(Config {
-                tiers: tiers.into(),
-                by_name,
-                default_tier,
+                table: ArcSwap::from_pointee(table),
                 on_missing: self.on_missing,
                 storage,
                 clock,

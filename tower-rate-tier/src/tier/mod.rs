@@ -26,49 +26,54 @@
 //! ```
 //! use tower_rate_tier::{Quota, RateTier, storage::MemoryStorage};
 //!
-//! fn describe(tiers: &RateTier) -> Vec<&str> {
-//!     tiers.tier_names().collect()
+//! fn describe(tiers: &RateTier) -> Vec<String> {
+//!     tiers.tier_names()
 //! }
 //!
 //! let default = RateTier::builder().tier("free", Quota::per_minute(2)).build();
 //! let own = RateTier::builder().tier("pro", Quota::per_minute(20)).storage(MemoryStorage::new()).build();
-//! assert_eq!((describe(&default), describe(&own)), (vec!["free"], vec!["pro"]));
+//! assert_eq!((describe(&default), describe(&own)), (vec!["free".to_owned()], vec!["pro".to_owned()]));
 //! ```
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
+
 use crate::clock::Clock;
-use crate::eq::same_name;
 use crate::headers::TierHeaders;
 use crate::policy::OnMissing;
 use crate::quota::Quota;
 use crate::storage::{Decide, Op, Storage, StorageKey};
 
 mod builder;
+mod live;
 mod name;
 mod outcome;
+mod table;
 
 pub use builder::{BuildError, RateTierBuilder};
 pub use name::{IntoTierName, ParseTierError, TierTable};
 pub use outcome::{CheckError, CheckResult, MAX_USER_ID_LEN, RateLimitInfo, RateLimited};
 pub(crate) use outcome::{Detail, outcome};
 
-/// Up to this many tiers, a name is looked up by comparing, not hashing.
-const LINEAR_LOOKUP_MAX_TIERS: usize = 8;
-
 /// One configured tier, shared by the [`RateTier`] and the outcomes of its
 /// checks.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct TierEntry {
+    /// The name requests and headers use.
     pub(crate) name: Box<str>,
+    /// The name its keys have in the storage: the name, or for an
+    /// identity's own quota a name no configured tier can have.
+    pub(crate) key: Box<str>,
     pub(crate) bands: Box<[Quota]>,
     /// The largest cost that can ever pass (the smallest burst).
     pub(crate) max_cost: u32,
     pub(crate) unlimited: bool,
     /// Its header values that never change.
     pub(crate) headers: TierHeaders,
+    /// Would-be refusals are let through (and consume nothing).
+    pub(crate) shadow: bool,
 }
 
 /// Named tiers, their quotas and the storage that counts them.
@@ -80,9 +85,9 @@ pub struct RateTier {
 }
 
 struct Config {
-    tiers: Box<[Arc<TierEntry>]>,
-    by_name: HashMap<Box<str>, usize, foldhash::fast::RandomState>,
-    default_tier: Option<usize>,
+    /// The tiers now; replaced whole by [`RateTier::set_tier`] and
+    /// [`RateTier::remove_tier`].
+    table: ArcSwap<table::Table>,
     on_missing: OnMissing,
     storage: Arc<dyn Storage>,
     clock: Arc<dyn Clock>,
@@ -100,8 +105,9 @@ impl RateTier {
     /// check could not be decided. Cost 0 reports the state and charges
     /// nothing. An unlimited tier never touches the storage.
     pub async fn check(&self, user: &str, tier: &str, cost: u32) -> CheckResult {
-        let entry = self
-            .resolve(tier)
+        let table = self.inner.table.load();
+        let entry = table
+            .find(tier)
             .ok_or_else(|| CheckError::UnknownTier(tier.to_owned()))?;
         match self.begin(user, entry, cost) {
             Ok(decide) => conclude(entry, decide.await),
@@ -114,22 +120,28 @@ impl RateTier {
         let entry = self
             .resolve(tier)
             .ok_or_else(|| CheckError::UnknownTier(tier.to_owned()))?;
-        self.give_back(user, entry, cost).await
+        self.give_back(user, &entry, cost).await
     }
 
-    /// The configured tier names, in the order they were added.
-    pub fn tier_names(&self) -> impl Iterator<Item = &str> + '_ {
-        self.inner.tiers.iter().map(|t| &*t.name)
+    /// The configured tier names now, in the order they were added.
+    pub fn tier_names(&self) -> Vec<String> {
+        self.inner
+            .table
+            .load()
+            .tiers()
+            .iter()
+            .map(|t| t.name.to_string())
+            .collect()
     }
 
-    /// The bands of a tier.
-    pub fn quotas(&self, tier: &str) -> Option<&[Quota]> {
-        self.resolve(tier).map(|t| &*t.bands)
+    /// The bands of a tier now.
+    pub fn quotas(&self, tier: &str) -> Option<Vec<Quota>> {
+        self.resolve(tier).map(|t| t.bands.to_vec())
     }
 
     /// The default tier's name.
-    pub fn default_tier(&self) -> Option<&str> {
-        self.default_entry().map(|t| &*t.name)
+    pub fn default_tier(&self) -> Option<String> {
+        self.default_entry().map(|t| t.name.to_string())
     }
 
     /// The policy for unidentified clients.
@@ -147,24 +159,20 @@ impl RateTier {
         &self.inner.clock
     }
 
-    /// The tier named `tier`.
+    /// The tier named `tier` now.
     #[inline]
-    pub(crate) fn resolve(&self, tier: &str) -> Option<&Arc<TierEntry>> {
-        // A few names compare faster than they hash.
-        let tiers = &self.inner.tiers;
-        if tiers.len() <= LINEAR_LOOKUP_MAX_TIERS {
-            return tiers.iter().find(|t| same_name(&t.name, tier));
-        }
-        self.inner.by_name.get(tier).map(|&i| &tiers[i])
+    pub(crate) fn resolve(&self, tier: &str) -> Option<Arc<TierEntry>> {
+        self.inner.table.load().find(tier).cloned()
     }
 
-    pub(crate) fn default_entry(&self) -> Option<&Arc<TierEntry>> {
-        self.inner.default_tier.map(|i| &self.inner.tiers[i])
+    /// The default tier now.
+    pub(crate) fn default_entry(&self) -> Option<Arc<TierEntry>> {
+        self.inner.table.load().default_entry().cloned()
     }
 
-    /// The first tier configured.
-    pub(crate) fn first_entry(&self) -> Option<&Arc<TierEntry>> {
-        self.inner.tiers.first()
+    /// The first tier configured now.
+    pub(crate) fn first_entry(&self) -> Option<Arc<TierEntry>> {
+        self.inner.table.load().first().cloned()
     }
 
     /// Starts charging `cost` to `user` in `tier`: the storage's answer to
@@ -203,7 +211,7 @@ impl RateTier {
     fn decide(&self, user: &str, tier: &TierEntry, op: Op) -> Decide {
         let key = StorageKey {
             namespace: &self.inner.namespace,
-            tier: &tier.name,
+            tier: &tier.key,
             user,
         };
         self.inner.storage.decide(key, &tier.bands, op, &self.inner.clock)
@@ -238,7 +246,8 @@ pub(crate) fn conclude(
 
 impl fmt::Debug for RateTier {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let tiers: Vec<(&str, &[Quota])> = self.inner.tiers.iter().map(|t| (&*t.name, &*t.bands)).collect();
+        let table = self.inner.table.load();
+        let tiers: Vec<(&str, &[Quota])> = table.tiers().iter().map(|t| (&*t.name, &*t.bands)).collect();
         f.debug_struct("RateTier")
             .field("tiers", &tiers)
             .field("default_tier", &self.default_tier())

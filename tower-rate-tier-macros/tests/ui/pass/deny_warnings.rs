@@ -135,7 +135,7 @@ fn main() {
     assert_eq!(Extended::ALL.len(), 3);
 
     let tiers = RateTier::builder().tiers::<Plan>().build();
-    assert_eq!(tiers.default_tier(), Some("free"));
+    assert_eq!(tiers.default_tier().as_deref(), Some("free"));
     let limiter = TierLimitLayer::new(tiers).identifier_fn(|headers| {
         let user = headers.get("x-user")?.to_str().ok()?;
         Some(TierIdentity::new(user, Plan::Pro))

@@ -1,0 +1,95 @@
+//! Changing tiers while requests are served: [`RateTier::set_tier`] and
+//! [`RateTier::remove_tier`].
+//!
+//! A change replaces the table of tiers that every clone of the
+//! [`RateTier`] reads (the one inside a running layer included), at once and
+//! without a lock on the request path. A request is decided wholly on the
+//! version of its tier it started with: its route-level top-ups and refunds
+//! use that version too.
+//!
+//! # What users keep
+//!
+//! A band's state is kept under its refill window (see
+//! [`band_names`](crate::storage::band_names)), in memory and in Redis:
+//!
+//! * A band whose window stays (`per_hour(100)` raised to `per_hour(200)`,
+//!   or lowered to `per_hour(50)`) keeps its state, which is a time: the
+//!   moment its burst would be full again. After a **raise**, a user has the
+//!   new rate at once (each unit refills in the new, shorter interval) and
+//!   gains `(new tolerance - old tolerance) / new interval` units of burst at
+//!   once: a user who spent `per_hour(100)` has 0 left at the instant of a
+//!   raise to `per_hour(200)` and 1 more every 18 s, where the old quota gave
+//!   1 every 36 s. After a **lowering**, nobody waits longer than one refill
+//!   of the new quota (a time debt beyond it is cut to it).
+//! * A band whose window changes starts afresh: a full burst of the new
+//!   quota. So does a band that is added; a band that is removed is
+//!   forgotten (its keys expire).
+//! * Users of a removed tier are handled as clients naming an unknown tier
+//!   (the layer's `OnUnknownTier`).
+//!
+//! A change acts in this process only: a fleet applies the same change on
+//! every instance (for instance each instance reloads the same
+//! configuration). Instances that share a Redis storage share the state of
+//! the bands whose windows they agree on.
+
+use super::table::Table;
+use super::{BuildError, RateTier, TierEntry};
+use crate::quota::IntoQuotas;
+use crate::tier::IntoTierName;
+
+impl RateTier {
+    /// Adds the tier `name`, or replaces its bands, for every clone of this
+    /// `RateTier`. See the [module docs](crate::tier) for what users keep.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// use tower_rate_tier::{Quota, RateTier};
+    ///
+    /// let tiers = RateTier::builder().tier("pro", Quota::per_minute(2)).build();
+    /// let layer_copy = tiers.clone();
+    /// tiers.set_tier("pro", [Quota::per_minute(10)]).unwrap();
+    /// tiers.set_tier("team", Quota::per_minute(50)).unwrap();
+    /// assert_eq!(layer_copy.quotas("pro"), Some(vec![Quota::per_minute(10)]));
+    /// assert!(layer_copy.check("ada", "team", 1).await.unwrap().is_ok());
+    /// # }
+    /// ```
+    pub fn set_tier(&self, name: impl IntoTierName, quotas: impl IntoQuotas) -> Result<(), BuildError> {
+        let name = name.into_tier_name();
+        let mut entry = TierEntry::new(&name, quotas.into_quotas())?;
+        self.inner.table.rcu(|table| {
+            // a shadowed tier stays shadowed
+            entry.shadow = table.find(&name).is_some_and(|t| t.shadow);
+            table.with(entry.clone())
+        });
+        Ok(())
+    }
+
+    /// Removes the tier `name` for every clone of this `RateTier`: `true`
+    /// when it was removed, `false` when there is no such tier or it is the
+    /// default tier (which cannot be removed; [`set_tier`](Self::set_tier)
+    /// changes it).
+    pub fn remove_tier(&self, name: &str) -> bool {
+        let mut removed = false;
+        self.inner.table.rcu(|table| {
+            let next: Option<Table> = table.without(name);
+            removed = next.is_some();
+            next.unwrap_or_else(|| Table::clone(table))
+        });
+        removed
+    }
+}
+
+impl Clone for TierEntry {
+    fn clone(&self) -> Self {
+        TierEntry {
+            name: self.name.clone(),
+            key: self.key.clone(),
+            bands: self.bands.clone(),
+            max_cost: self.max_cost,
+            unlimited: self.unlimited,
+            headers: self.headers.clone(),
+            shadow: self.shadow,
+        }
+    }
+}

@@ -1,0 +1,145 @@
+//! The tiers of a [`RateTier`](super::RateTier) at one moment: a table that
+//! is replaced whole when a tier is set or removed at run time, so that a
+//! request is decided wholly on one version of its tier.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::{BuildError, TierEntry};
+use crate::eq::same_name;
+use crate::headers::TierHeaders;
+use crate::quota::Quota;
+use crate::storage::MAX_BANDS;
+
+/// Up to this many tiers, a name is looked up by comparing, not hashing.
+const LINEAR_LOOKUP_MAX_TIERS: usize = 8;
+
+/// Every tier, by name, and the default one.
+#[derive(Debug, Clone)]
+pub(crate) struct Table {
+    tiers: Vec<Arc<TierEntry>>,
+    by_name: HashMap<Box<str>, usize, foldhash::fast::RandomState>,
+    default: Option<usize>,
+}
+
+impl Table {
+    /// The tiers in order, and the name of the default one.
+    pub(crate) fn new(tiers: Vec<TierEntry>, default: Option<&str>) -> Result<Table, BuildError> {
+        let mut table = Table {
+            tiers: Vec::with_capacity(tiers.len()),
+            by_name: HashMap::default(),
+            default: None,
+        };
+        for entry in tiers {
+            if table
+                .by_name
+                .insert(entry.name.clone(), table.tiers.len())
+                .is_some()
+            {
+                return Err(BuildError::DuplicateTier(entry.name.into()));
+            }
+            table.tiers.push(Arc::new(entry));
+        }
+        if let Some(name) = default {
+            let index = table.by_name.get(name).copied();
+            table.default = Some(index.ok_or_else(|| BuildError::UnknownDefaultTier(name.to_owned()))?);
+        }
+        Ok(table)
+    }
+
+    /// The tier named `name`.
+    #[inline]
+    pub(crate) fn find(&self, name: &str) -> Option<&Arc<TierEntry>> {
+        // A few names compare faster than they hash.
+        if self.tiers.len() <= LINEAR_LOOKUP_MAX_TIERS {
+            return self.tiers.iter().find(|t| same_name(&t.name, name));
+        }
+        self.by_name.get(name).map(|&i| &self.tiers[i])
+    }
+
+    pub(crate) fn default_entry(&self) -> Option<&Arc<TierEntry>> {
+        self.default.map(|i| &self.tiers[i])
+    }
+
+    pub(crate) fn first(&self) -> Option<&Arc<TierEntry>> {
+        self.tiers.first()
+    }
+
+    pub(crate) fn tiers(&self) -> &[Arc<TierEntry>] {
+        &self.tiers
+    }
+
+    /// This table with `entry` added, or in place of the tier of its name.
+    pub(crate) fn with(&self, entry: TierEntry) -> Table {
+        let mut next = self.clone();
+        match next.by_name.get(&entry.name) {
+            Some(&i) => next.tiers[i] = Arc::new(entry),
+            None => {
+                next.by_name.insert(entry.name.clone(), next.tiers.len());
+                next.tiers.push(Arc::new(entry));
+            }
+        }
+        next
+    }
+
+    /// This table without the tier `name`; `None` when it has no such tier
+    /// or `name` is the default tier.
+    pub(crate) fn without(&self, name: &str) -> Option<Table> {
+        let index = *self.by_name.get(name)?;
+        if self.default == Some(index) {
+            return None;
+        }
+        let mut tiers = self.tiers.clone();
+        tiers.remove(index);
+        let by_name = tiers
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.name.clone(), i))
+            .collect();
+        let default = self.default.map(|d| if d > index { d - 1 } else { d });
+        Some(Table {
+            tiers,
+            by_name,
+            default,
+        })
+    }
+}
+
+impl TierEntry {
+    /// The tier `name` with `bands`, checked.
+    pub(crate) fn new(name: &str, bands: Vec<Quota>) -> Result<TierEntry, BuildError> {
+        if name.is_empty() || name.len() > 255 {
+            return Err(BuildError::InvalidName(name.to_owned()));
+        }
+        if bands.is_empty() {
+            return Err(BuildError::NoBands(name.to_owned()));
+        }
+        if bands.len() > MAX_BANDS {
+            return Err(BuildError::TooManyBands(name.to_owned()));
+        }
+        let unlimited = bands.iter().filter(|q| q.is_unlimited()).count();
+        if unlimited > 0 && unlimited < bands.len() {
+            return Err(BuildError::UnlimitedWithBands(name.to_owned()));
+        }
+        let unlimited = unlimited > 0;
+        let bands: Box<[Quota]> = if unlimited {
+            Box::new([Quota::unlimited()])
+        } else {
+            bands.into()
+        };
+        let max_cost = if unlimited {
+            u32::MAX
+        } else {
+            bands.iter().map(Quota::burst).min().unwrap_or(0)
+        };
+        Ok(TierEntry {
+            headers: TierHeaders::new(name, &bands),
+            name: name.into(),
+            key: name.into(),
+            bands,
+            max_cost,
+            unlimited,
+            shadow: false,
+        })
+    }
+}
