@@ -163,7 +163,7 @@ impl RateTierBuilder {
         let mut tiers = Vec::with_capacity(self.tiers.len());
         for (name, bands) in self.tiers {
             let mut entry = TierEntry::new(&name, bands)?;
-            entry.shadow = self.shadowed.iter().any(|s| *s == name);
+            entry.shadow = self.shadowed.contains(&name);
             tiers.push(entry);
         }
         if let Some(name) = self
