@@ -496,10 +496,7 @@ async fn stacked_limiters_each_count_in_their_own_namespace() {
     let r = send(&app, req("POST", "/login", Some("ada"), None)).await;
     assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
     // the refusal carries the strict limiter's own fields
-    assert_eq!(
-        r.header("ratelimit-policy").as_deref(),
-        Some(r#""free";q=2;w=60"#)
-    );
+    assert_eq!(r.header("ratelimit-policy"), Some(r#""free";q=2;w=60"#));
     // the general limiter counted the two admitted logins only: the refused
     // third consumed nothing there either (10 - 2 logins - this request)
     assert_eq!(hit(&app, "GET", "/plain", "ada").await, (200, Some(7)));
