@@ -18,7 +18,18 @@ pub enum RateLimitEvent<'a> {
         /// The state that refused it.
         limited: &'a RateLimited,
     },
-    /// A request cost more than its tier's burst and was refused with 403.
+    /// A request that would have been refused with 429 was let through:
+    /// the layer, or its tier, is in shadow mode. Nothing was consumed.
+    ShadowLimited {
+        /// The user.
+        user: &'a str,
+        /// The cost that did not fit.
+        cost: u32,
+        /// The state that would have refused it.
+        limited: &'a RateLimited,
+    },
+    /// A request cost more than its tier's burst and was refused with 403
+    /// (or, in shadow mode, let through).
     CostExceedsLimit {
         /// The user.
         user: &'a str,

@@ -21,6 +21,55 @@ pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-poli
 /// `RateLimit` (IETF draft).
 pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
+/// Which rate-limit fields responses carry: see
+/// `TierLimitLayer::headers`. A 429 always carries `Retry-After` and its
+/// body, whatever the choice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RateLimitHeaders {
+    legacy: bool,
+    ietf: bool,
+}
+
+impl RateLimitHeaders {
+    /// `X-RateLimit-Limit`, `-Remaining`, `-Reset` and the IETF
+    /// `RateLimit-Policy` and `RateLimit` (the default).
+    pub const ALL: RateLimitHeaders = RateLimitHeaders {
+        legacy: true,
+        ietf: true,
+    };
+    /// The IETF `RateLimit-Policy` and `RateLimit` only.
+    pub const IETF: RateLimitHeaders = RateLimitHeaders {
+        legacy: false,
+        ietf: true,
+    };
+    /// `X-RateLimit-Limit`, `-Remaining` and `-Reset` only.
+    pub const LEGACY: RateLimitHeaders = RateLimitHeaders {
+        legacy: true,
+        ietf: false,
+    };
+    /// No rate-limit fields.
+    pub const NONE: RateLimitHeaders = RateLimitHeaders {
+        legacy: false,
+        ietf: false,
+    };
+
+    /// Whether the `X-RateLimit-*` fields are sent.
+    pub const fn legacy(self) -> bool {
+        self.legacy
+    }
+
+    /// Whether the IETF `RateLimit-Policy` and `RateLimit` fields are sent.
+    pub const fn ietf(self) -> bool {
+        self.ietf
+    }
+}
+
+impl Default for RateLimitHeaders {
+    fn default() -> Self {
+        RateLimitHeaders::ALL
+    }
+}
+
 /// The header values of one tier that do not change between decisions.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct TierHeaders {

@@ -97,6 +97,7 @@ pub use async_trait::async_trait;
 pub use body::ResponseBody;
 pub use cost::{TierCost, TierCostFuture, TierCostLayer, TierCostService, tier_cost};
 pub use event::RateLimitEvent;
+pub use headers::RateLimitHeaders;
 pub use identity::{IpNet, PeerAddr, ProxyHeader, TierIdentifier, TierIdentity};
 #[cfg(feature = "buffered-body")]
 pub use limit::{BufferedTierLimitLayer, BufferedTierLimitService};

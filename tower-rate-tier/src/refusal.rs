@@ -7,9 +7,10 @@ use bytes::Bytes;
 use http::{Response, StatusCode};
 
 use crate::event::RateLimitEvent;
+use crate::headers::{RateLimitHeaders, number};
 use crate::policy::OnStorageError;
 use crate::problem::{cost_exceeds_limit, problem};
-use crate::response::{apply_limited_headers, too_many_requests};
+use crate::response::{apply_limited_fields, too_many_requests};
 use crate::storage::StorageError;
 use crate::tier::{CheckError, RateLimited};
 
@@ -20,6 +21,8 @@ pub(crate) type LimitedFn = dyn Fn(&RateLimited) -> Response<Bytes> + Send + Syn
 /// user's hooks.
 #[derive(Clone, Default)]
 pub(crate) struct Refusals {
+    /// Which rate-limit fields a 429 carries besides `Retry-After`.
+    pub(crate) headers: RateLimitHeaders,
     pub(crate) on_storage_error: OnStorageError,
     pub(crate) on_event: Option<Arc<EventFn>>,
     pub(crate) on_limited: Option<Arc<LimitedFn>>,
@@ -36,9 +39,16 @@ impl Refusals {
         };
         let headers = response.headers_mut();
         if !headers.contains_key(http::header::RETRY_AFTER) {
-            apply_limited_headers(headers, limited);
+            apply_limited_fields(headers, limited, self.headers);
+            headers.insert(http::header::RETRY_AFTER, number(limited.retry_after_secs()));
         }
         response
+    }
+
+    /// A refusal that shadow mode lets through: reported, not enforced.
+    pub(crate) fn shadow_limited(&self, user: &str, cost: u32, limited: &RateLimited) {
+        tracing::debug!(target: "tower_rate_tier", user, tier = limited.tier(), cost, "rate limited (shadow mode: let through)");
+        self.event(&RateLimitEvent::ShadowLimited { user, cost, limited });
     }
 
     /// A storage failure under [`OnStorageError`]: `None` lets the request

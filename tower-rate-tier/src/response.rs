@@ -42,27 +42,31 @@ use http::header::RETRY_AFTER;
 use http::{HeaderMap, Response, StatusCode};
 use serde_json::json;
 
-use crate::headers::number;
 pub use crate::headers::{
     RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
 };
+use crate::headers::{RateLimitHeaders, number};
 use crate::problem::problem;
 use crate::tier::{RateLimitInfo, RateLimited};
 
-fn insert_common(headers: &mut HeaderMap, info: Fields<'_>) {
+fn insert_common(headers: &mut HeaderMap, info: Fields<'_>, which: RateLimitHeaders) {
     let tier = &info.detail.tier.headers;
     // One growth of the map at most, rather than one per field.
     headers.reserve(5);
-    if let Some(limit) = tier.limits.get(info.detail.band) {
-        headers.insert(X_RATELIMIT_LIMIT, limit.clone());
+    if which.legacy() {
+        if let Some(limit) = tier.limits.get(info.detail.band) {
+            headers.insert(X_RATELIMIT_LIMIT, limit.clone());
+        }
+        headers.insert(X_RATELIMIT_REMAINING, number(u64::from(info.remaining)));
+        headers.insert(X_RATELIMIT_RESET, number(info.reset_at));
     }
-    headers.insert(X_RATELIMIT_REMAINING, number(u64::from(info.remaining)));
-    headers.insert(X_RATELIMIT_RESET, number(info.reset_at));
-    if let Some(policy) = &tier.policy {
-        headers.insert(RATELIMIT_POLICY, policy.clone());
-    }
-    if let Some(value) = tier.ratelimit(&info.detail.bands) {
-        headers.insert(RATELIMIT, value);
+    if which.ietf() {
+        if let Some(policy) = &tier.policy {
+            headers.insert(RATELIMIT_POLICY, policy.clone());
+        }
+        if let Some(value) = tier.ratelimit(&info.detail.bands) {
+            headers.insert(RATELIMIT, value);
+        }
     }
 }
 
@@ -75,7 +79,18 @@ struct Fields<'a> {
 
 /// Adds the headers of an admitted request (none for an unlimited tier).
 pub fn apply_info_headers(headers: &mut HeaderMap, info: &RateLimitInfo) {
-    if info.is_unlimited() {
+    apply_info_fields(headers, info, RateLimitHeaders::ALL);
+}
+
+/// Adds the headers of a denied request, `Retry-After` included.
+pub fn apply_limited_headers(headers: &mut HeaderMap, limited: &RateLimited) {
+    apply_limited_fields(headers, limited, RateLimitHeaders::ALL);
+    headers.insert(RETRY_AFTER, number(limited.retry_after_secs()));
+}
+
+/// [`apply_info_headers`] with the chosen fields.
+pub(crate) fn apply_info_fields(headers: &mut HeaderMap, info: &RateLimitInfo, which: RateLimitHeaders) {
+    if info.is_unlimited() || which == RateLimitHeaders::NONE {
         return;
     }
     let fields = Fields {
@@ -83,18 +98,20 @@ pub fn apply_info_headers(headers: &mut HeaderMap, info: &RateLimitInfo) {
         remaining: info.remaining,
         reset_at: info.reset_at_unix_secs(),
     };
-    insert_common(headers, fields);
+    insert_common(headers, fields, which);
 }
 
-/// Adds the headers of a denied request, `Retry-After` included.
-pub fn apply_limited_headers(headers: &mut HeaderMap, limited: &RateLimited) {
+/// The chosen fields of a denied request's state, without `Retry-After`.
+pub(crate) fn apply_limited_fields(headers: &mut HeaderMap, limited: &RateLimited, which: RateLimitHeaders) {
+    if which == RateLimitHeaders::NONE {
+        return;
+    }
     let fields = Fields {
         detail: &limited.detail,
         remaining: limited.remaining,
         reset_at: limited.reset_at_unix_secs(),
     };
-    insert_common(headers, fields);
-    headers.insert(RETRY_AFTER, number(limited.retry_after_secs()));
+    insert_common(headers, fields, which);
 }
 
 /// The default 429 response (without the rate-limit headers, which the

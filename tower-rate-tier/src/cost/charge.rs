@@ -11,8 +11,10 @@ use smallvec::SmallVec;
 use super::Source;
 use super::learned::{Learned, RouteKey};
 use crate::body::Refusal;
+use crate::headers::RateLimitHeaders;
 use crate::refusal::{Refusals, missing_limiter};
-use crate::tier::{CheckError, RateLimitInfo, RateTier, TierEntry, conclude};
+use crate::response::{apply_info_fields, apply_limited_fields};
+use crate::tier::{CheckError, RateLimitInfo, RateLimited, RateTier, TierEntry, conclude};
 
 /// What a limiter's charges need of it: its tiers, how it refuses, and the
 /// route costs it learned.
@@ -23,6 +25,17 @@ pub(crate) struct Ledger {
     pub(crate) learned: Arc<Learned>,
     /// Statuses of the inner service's answers whose charge is given back.
     pub(crate) refund_on: Option<Arc<RefundOn>>,
+    /// Which rate-limit fields admitted responses carry.
+    pub(crate) headers: RateLimitHeaders,
+    /// Every would-be refusal is let through (shadow mode).
+    pub(crate) shadow: bool,
+}
+
+impl Ledger {
+    /// Whether a would-be refusal in `tier` is let through.
+    pub(crate) fn shadowed(&self, tier: &TierEntry) -> bool {
+        self.shadow || tier.shadow
+    }
 }
 
 pub(crate) type RefundOn = dyn Fn(http::StatusCode) -> bool + Send + Sync;
@@ -32,6 +45,9 @@ pub(crate) type RefundOn = dyn Fn(http::StatusCode) -> bool + Send + Sync;
 pub(crate) enum Outcome {
     /// Admitted: headers from this state.
     Admitted(RateLimitInfo),
+    /// Would have been refused, let through by shadow mode: headers of this
+    /// state, without `Retry-After`.
+    Shadowed(RateLimited),
     /// Refused; the response carries its own headers.
     Refused,
     /// Let through uncounted (policy): no headers.
@@ -132,8 +148,11 @@ impl Charge {
             }
             self.give_back_now(charged);
         }
-        if let Outcome::Admitted(info) = &state.outcome {
-            crate::response::apply_info_headers(response.headers_mut(), info);
+        let which = self.ledger.headers;
+        match &state.outcome {
+            Outcome::Admitted(info) => apply_info_fields(response.headers_mut(), info, which),
+            Outcome::Shadowed(limited) => apply_limited_fields(response.headers_mut(), limited, which),
+            Outcome::Refused | Outcome::Bypass => {}
         }
         let Some((method, path)) = &self.route else {
             return;
@@ -208,9 +227,29 @@ impl Charge {
                         self.admitted(declared, source, info);
                         Ok(())
                     }
+                    Ok(Err(limited)) if self.ledger.shadowed(&self.tier) => {
+                        // Let through, consuming nothing.
+                        self.ledger
+                            .refusals
+                            .shadow_limited(&self.user, declared, &limited);
+                        let mut state = self.lock();
+                        state.source = Source::Edge;
+                        state.outcome = Outcome::Shadowed(limited);
+                        Ok(())
+                    }
                     Ok(Err(limited)) => {
                         self.refuse();
                         Err(self.ledger.refusals.limited(&self.user, declared, &limited))
+                    }
+                    Err(error @ CheckError::CostExceedsLimit { .. }) if self.ledger.shadowed(&self.tier) => {
+                        let _ =
+                            self.ledger
+                                .refusals
+                                .check_failed(&self.user, &self.tier.name, declared, &error);
+                        let mut state = self.lock();
+                        state.source = Source::Edge;
+                        state.outcome = Outcome::Bypass;
+                        Ok(())
                     }
                     Err(CheckError::Storage(error)) => self.storage_failed(&error, 0).await,
                     Err(error) => {

@@ -158,15 +158,20 @@ use bytes::Bytes;
 use http::HeaderMap;
 use http::request::Parts;
 
+use std::sync::Arc;
+
+use crate::quota::{IntoQuotas, Quota};
 use crate::tier::IntoTierName;
 
-/// A client's identity: a user id and the name of their tier.
+/// A client's identity: a user id and the name of their tier, and
+/// optionally quotas of its own ([`with_quotas`](Self::with_quotas)).
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct TierIdentity {
     /// The user id the quota is counted against (1 to 1024 bytes).
     pub user_id: String,
     /// The tier's name.
     pub tier: Cow<'static, str>,
+    quotas: Option<Arc<[Quota]>>,
 }
 
 impl TierIdentity {
@@ -176,7 +181,31 @@ impl TierIdentity {
         TierIdentity {
             user_id: user_id.into(),
             tier: tier.into_tier_name(),
+            quotas: None,
         }
+    }
+
+    /// Gives this identity bands of its own (an enterprise contract, say)
+    /// instead of its tier's, counted in a bucket of its own: its headers
+    /// and `RateLimit-Policy` show them under the tier's name. The tier must
+    /// still be configured (or the layer's `OnUnknownTier` applies); bands
+    /// that a tier could not have (none, too many, unlimited mixed with
+    /// limited) are ignored with a warning and the tier's are used.
+    ///
+    /// ```
+    /// use tower_rate_tier::{Quota, TierIdentity};
+    ///
+    /// let contract = TierIdentity::new("acme", "enterprise").with_quotas([Quota::per_hour(50_000)]);
+    /// assert_eq!(contract.quotas(), Some(&[Quota::per_hour(50_000)][..]));
+    /// ```
+    pub fn with_quotas(mut self, quotas: impl IntoQuotas) -> Self {
+        self.quotas = Some(quotas.into_quotas().into());
+        self
+    }
+
+    /// The identity's own bands, if it has any.
+    pub fn quotas(&self) -> Option<&[Quota]> {
+        self.quotas.as_deref()
     }
 }
 
@@ -185,6 +214,7 @@ impl fmt::Debug for TierIdentity {
         f.debug_struct("TierIdentity")
             .field("user_id", &self.user_id)
             .field("tier", &self.tier)
+            .field("quotas", &self.quotas)
             .finish()
     }
 }

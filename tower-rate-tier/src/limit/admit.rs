@@ -23,6 +23,18 @@ pub(crate) enum Admission {
     Refuse(http::Response<bytes::Bytes>),
 }
 
+/// `tier` with an identity's own bands, or `tier` itself when they are not
+/// bands a tier could have.
+fn own_quotas(tier: Arc<TierEntry>, own: &[crate::quota::Quota]) -> Arc<TierEntry> {
+    match TierEntry::own(&tier, own) {
+        Ok(entry) => Arc::new(entry),
+        Err(error) => {
+            tracing::warn!(target: "tower_rate_tier", tier = &*tier.name, %error, "an identity's own quotas were ignored");
+            tier
+        }
+    }
+}
+
 /// Puts a charge where route-level declarations find it: the request
 /// extensions, after those of limiters that ran before.
 fn attach(head: &mut impl Head, charge: &Arc<Charge>) {
@@ -157,13 +169,17 @@ impl Shared {
                 && !i.user_id.starts_with(ANONYMOUS_PREFIX)
         });
         let (user, tier) = match identity {
-            Some(identity) => match self.ledger.tiers.resolve(&identity.tier) {
-                Some(tier) => (identity.user_id, tier),
-                None => {
-                    let id = self.unknown_tier(head, &identity)?;
-                    (identity.user_id, id)
-                }
-            },
+            Some(identity) => {
+                let tier = match self.ledger.tiers.resolve(&identity.tier) {
+                    Some(tier) => tier,
+                    None => self.unknown_tier(head, &identity)?,
+                };
+                let tier = match identity.quotas() {
+                    Some(own) => own_quotas(tier, own),
+                    None => tier,
+                };
+                (identity.user_id, tier)
+            }
             None => self.unidentified(head)?,
         };
         let (cost, source, priced) = self.edge_cost(head);
@@ -212,7 +228,19 @@ impl Shared {
                 attach(head, &charge);
                 Admission::Pass(Some(charge))
             }
+            Ok(Err(limited)) if self.ledger.shadowed(&tier) => {
+                // Shadow mode: reported, let through, nothing consumed.
+                self.ledger.refusals.shadow_limited(&user, cost, &limited);
+                let state = ChargeState::new(0, Source::Edge, Outcome::Shadowed(limited), learned);
+                let charge = Arc::new(Charge::new(self.ledger.clone(), user, tier, None, state));
+                attach(head, &charge);
+                Admission::Pass(Some(charge))
+            }
             Ok(Err(limited)) => Admission::Refuse(self.ledger.refusals.limited(&user, cost, &limited)),
+            Err(error @ CheckError::CostExceedsLimit { .. }) if self.ledger.shadowed(&tier) => {
+                let _ = self.ledger.refusals.check_failed(&user, &tier.name, cost, &error);
+                self.bypass(head, user, tier)
+            }
             Err(CheckError::Storage(error)) => {
                 match self.ledger.refusals.storage_failed(&user, &tier.name, &error) {
                     None => self.bypass(head, user, tier),

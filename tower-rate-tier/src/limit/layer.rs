@@ -11,6 +11,7 @@ use tower_layer::Layer;
 use super::service::TierLimitService;
 use crate::cost::Ledger;
 use crate::event::RateLimitEvent;
+use crate::headers::RateLimitHeaders;
 use crate::identity::{ClientAddrs, IpNet, ProxyHeader, TierIdentifier, TierIdentity};
 use crate::policy::{OnStorageError, OnUnknownTier};
 use crate::refusal::Refusals;
@@ -91,6 +92,8 @@ impl TierLimitLayer {
                     refusals: Refusals::default(),
                     learned: Arc::default(),
                     refund_on: None,
+                    headers: RateLimitHeaders::ALL,
+                    shadow: false,
                 }),
                 identify: Identify::Nobody,
                 on_unknown_tier: OnUnknownTier::default(),
@@ -176,6 +179,29 @@ impl TierLimitLayer {
         F: Fn(&Parts) -> Option<u32> + Send + Sync + 'static,
     {
         self.config().cost_fn = Some(Arc::new(f));
+        self
+    }
+
+    /// Which rate-limit fields responses carry (default
+    /// [`RateLimitHeaders::ALL`]). A 429 always carries `Retry-After` and
+    /// its body; its rate-limit fields follow this choice too.
+    pub fn headers(mut self, which: RateLimitHeaders) -> Self {
+        Arc::make_mut(&mut self.config().ledger).headers = which;
+        self.refusals().headers = which;
+        self
+    }
+
+    /// Shadow mode: every request is decided and reported (events, `tracing`)
+    /// as usual, but no quota refusal is enforced: a request that would get
+    /// 429 (or 403 for a cost above the burst) reaches the inner service,
+    /// and consumes nothing, so that enforcing later does not start users in
+    /// debt. Identification and unknown-tier policies still apply. A
+    /// shadowed request carries the rate-limit fields of the state that
+    /// would have refused it, without `Retry-After`; the event is
+    /// [`RateLimitEvent::ShadowLimited`]. One tier alone is shadowed with
+    /// [`RateTierBuilder::shadow_tier`](crate::RateTierBuilder::shadow_tier).
+    pub fn shadow(mut self, shadow: bool) -> Self {
+        Arc::make_mut(&mut self.config().ledger).shadow = shadow;
         self
     }
 

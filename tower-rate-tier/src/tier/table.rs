@@ -143,3 +143,17 @@ impl TierEntry {
         })
     }
 }
+
+impl TierEntry {
+    /// `tier` with bands of one identity's own, counted apart from the
+    /// tier's users (under a storage name no configured tier can have).
+    pub(crate) fn own(tier: &TierEntry, bands: &[Quota]) -> Result<TierEntry, BuildError> {
+        let mut entry = TierEntry::new(&tier.name, bands.to_vec())?;
+        let mut key = String::with_capacity(tier.name.len() + 4);
+        key.push_str(&tier.name);
+        key.push_str("\u{1f}own");
+        entry.key = key.into();
+        entry.shadow = tier.shadow;
+        Ok(entry)
+    }
+}
