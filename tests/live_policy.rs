@@ -74,7 +74,7 @@ async fn a_limit_raised_and_lowered_under_load_decides_each_request_on_one_versi
     for task in tasks {
         task.await.unwrap();
     }
-    let seen = seen.lock().unwrap();
+    let seen = std::mem::take(&mut *seen.lock().unwrap());
     // every response's fields come from one version: its policy and its
     // X-RateLimit-Limit agree
     for ((policy, limit), n) in seen.iter() {
