@@ -229,3 +229,40 @@ async fn the_builder_takes_every_tier_and_the_default() {
     let tiers = RateTier::builder().tiers::<Internal>().build();
     assert_eq!(tiers.default_tier().as_deref(), None);
 }
+
+/// `#[tier(.., shadow)]` dark-launches one plan: decided, never refused.
+#[tokio::test]
+async fn a_shadow_tier_from_the_enum_is_never_refused() {
+    #[rate_tiers]
+    enum Launch {
+        #[tier(per_minute = 1, default)]
+        Free,
+        #[tier(per_minute = 1, shadow)]
+        Beta,
+    }
+    assert!(Launch::Beta.tier_shadow() && !Launch::Free.tier_shadow());
+    let tiers = RateTier::builder()
+        .tiers::<Launch>()
+        .clock(FakeClock::new())
+        .build();
+    let app = axum::Router::new()
+        .route("/", axum::routing::get(|| async { "ok" }))
+        .layer(
+            tower_rate_tier::TierLimitLayer::new(tiers)
+                .identifier_fn(tower_rate_tier_tests::reply::header_identity),
+        );
+    let status = |tier: &'static str| {
+        let app = app.clone();
+        async move {
+            let req = http::Request::get("/")
+                .header("x-user", "ada")
+                .header("x-tier", tier);
+            tower_rate_tier_tests::reply::send(&app, req.body(axum::body::Body::empty()).unwrap())
+                .await
+                .status
+                .as_u16()
+        }
+    };
+    assert_eq!([status("free").await, status("free").await], [200, 429]);
+    assert_eq!([status("beta").await, status("beta").await], [200, 200]);
+}

@@ -3,7 +3,8 @@
 //! layer, and with tower_governor's. See `run.sh` and `BENCHMARKS.md`.
 //!
 //! `overhead MODE N` with MODE one of `none`, `noop`, `ours`, `governor`,
-//! `governor-plain` (without `use_headers()`), `fields`, `fields+id` (see
+//! `governor-plain` (without `use_headers()`), `ours-none` (ours without
+//! rate-limit fields), `fields`, `fields+id` (see
 //! `app`), or `core-ours`, `core-governor`, `core-ab ROUNDS` for the bare
 //! check.
 
@@ -78,6 +79,17 @@ fn app(mode: &str) -> Router {
                 .build();
             router.layer(TierLimitLayer::new(tiers).identifier_fn(identify))
         }
+        // ours without rate-limit fields (`RateLimitHeaders::NONE`)
+        "ours-none" => {
+            let tiers = RateTier::builder()
+                .tier("free", Quota::per_hour(10_000))
+                .default_tier("free")
+                .build();
+            let layer = TierLimitLayer::new(tiers)
+                .identifier_fn(identify)
+                .headers(tower_rate_tier::RateLimitHeaders::NONE);
+            router.layer(layer)
+        }
         "governor" => {
             let config = GovernorConfigBuilder::default()
                 .per_millisecond(360)
@@ -111,7 +123,7 @@ fn app(mode: &str) -> Router {
                 .map_response(insert_fields),
         ),
         other => panic!(
-            "unknown mode {other}: use none, noop, ours, governor, governor-plain, fields or fields+id"
+            "unknown mode {other}: use none, noop, ours, ours-none, governor, governor-plain, fields or fields+id"
         ),
     }
 }

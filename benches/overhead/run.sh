@@ -14,13 +14,15 @@ count() {
     | sed -n 's/.*Collected : \([0-9]*\).*/\1/p'
 }
 declare -A per
-for mode in none noop fields fields+id ours governor governor-plain; do
+for mode in none noop fields fields+id ours ours-none governor governor-plain; do
   a=$(count "$mode" "$n"); b=$(count "$mode" $((2 * n)))
   per[$mode]=$(( (b - a) / n ))
 done
 printf '%-10s %14s %14s\n' mode "instr/request" "added/request"
-for mode in none noop fields fields+id ours governor governor-plain; do
+for mode in none noop fields fields+id ours ours-none governor governor-plain; do
   printf '%-10s %14d %14d\n' "$mode" "${per[$mode]}" $(( ${per[$mode]} - ${per[none]} ))
 done
 ours=$(( ${per[ours]} - ${per[none]} )); gov=$(( ${per[governor]} - ${per[none]} ))
+plain=$(( ${per[governor-plain]} - ${per[none]} )); none=$(( ${per[ours-none]} - ${per[none]} ))
 awk -v o="$ours" -v g="$gov" 'BEGIN { printf "ours / tower_governor = %.2f\n", o / g }'
+awk -v o="$none" -v g="$plain" 'BEGIN { printf "ours without fields / tower_governor without headers = %.2f\n", o / g }'

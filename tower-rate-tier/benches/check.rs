@@ -1,6 +1,7 @@
 //! `RateTier::check` on `MemoryStorage` against governor's keyed DashMap
-//! limiter, in one criterion group: 10,000 `String` keys round robin, every
-//! request admitted, both on the real clock.
+//! limiter on the same hasher (foldhash), in one criterion group: 10,000
+//! `String` keys round robin, every request admitted, both on the real
+//! clock.
 //!
 //! Run with `cargo bench -p tower-rate-tier --bench check`; the figures are in
 //! `BENCHMARKS.md`.
@@ -53,7 +54,11 @@ fn check_10k_keys(c: &mut Criterion) {
         .tier("free", Quota::per_second(PER_SECOND))
         .build();
     let per_second = NonZeroU32::new(PER_SECOND).unwrap_or(NonZeroU32::MIN);
-    let governor = governor::RateLimiter::dashmap(governor::Quota::per_second(per_second));
+    // the same hasher as ours (foldhash), governor's default clock
+    let governor = governor::RateLimiter::dashmap_with_hasher(
+        governor::Quota::per_second(per_second),
+        foldhash::fast::RandomState::default(),
+    );
     // Every key exists before measuring: the steady state of a busy server.
     for key in &keys {
         assert!(matches!(ready(tiers.check(key, "free", 1)), Ok(Ok(_))));

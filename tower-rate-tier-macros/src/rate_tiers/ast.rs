@@ -52,6 +52,8 @@ pub(super) struct Tier {
     pub(super) burst: Option<Keyed<Number<u32>>>,
     pub(super) name: Option<LitStr>,
     pub(super) default: Option<Ident>,
+    /// The tier is dark-launched: decided and reported, never refused.
+    pub(super) shadow: Option<Ident>,
 }
 
 /// A value with the key that introduced it.
@@ -158,6 +160,7 @@ impl Tier {
             burst: None,
             name: None,
             default: None,
+            shadow: None,
         }
     }
 
@@ -202,6 +205,7 @@ impl Tier {
         let repeated = match kind {
             Key::Unlimited => self.unlimited.is_some(),
             Key::Default => self.default.is_some(),
+            Key::Shadow => self.shadow.is_some(),
             Key::Burst => self.burst.is_some(),
             Key::Name => self.name.is_some(),
             Key::Count => self.count.is_some(),
@@ -217,14 +221,14 @@ impl Tier {
             return Ok(());
         }
         match kind {
-            Key::Unlimited | Key::Default => {
+            Key::Unlimited | Key::Default | Key::Shadow => {
                 if let Some(value) = skip_value(meta)? {
                     errors.spanned(value, format_args!("`{name}` takes no value"));
                 }
-                if kind == Key::Unlimited {
-                    self.unlimited = Some(key);
-                } else {
-                    self.default = Some(key);
+                match kind {
+                    Key::Unlimited => self.unlimited = Some(key),
+                    Key::Default => self.default = Some(key),
+                    _ => self.shadow = Some(key),
                 }
             }
             Key::Name => match value_of(&key, meta, "name = \"..\"", errors)? {

@@ -127,6 +127,7 @@ fn generate(input: &Input, mode: Mode) -> TokenStream {
     let input_name = Ident::new("__trt_name", Span::mixed_site());
     let formatter = Ident::new("__trt_f", Span::mixed_site());
     let default_tier = default_tier(variants);
+    let shadowed = shadowed(variants);
     let const_checks = variants.iter().map(|v| const_checks(v, ident));
 
     quote! {
@@ -190,6 +191,10 @@ fn generate(input: &Input, mode: Mode) -> TokenStream {
 
             fn default_tier() -> ::core::option::Option<Self> {
                 #default_tier
+            }
+
+            fn tier_shadow(self) -> ::core::primitive::bool {
+                #shadowed
             }
         }
     }
@@ -360,6 +365,24 @@ fn default_tier(variants: &[Variant]) -> TokenStream {
         #[cfg(not(all(#(#predicates),*)))]
         let #local = ::core::option::Option::None;
         #local
+    }
+}
+
+/// The body of `TierTable::tier_shadow`: whether `self` is a `shadow` tier.
+fn shadowed(variants: &[Variant]) -> TokenStream {
+    let arms = variants
+        .iter()
+        .filter(|v| v.tier.as_ref().is_some_and(|tier| tier.shadow.is_some()))
+        .map(|v| {
+            let (ident, cfgs) = (&v.ident, &v.cfgs);
+            quote!(#(#cfgs)* Self::#ident => true,)
+        });
+    quote! {
+        #[allow(unreachable_patterns)]
+        match self {
+            #(#arms)*
+            _ => false,
+        }
     }
 }
 

@@ -13,6 +13,7 @@ pub(super) enum Key {
     Unlimited,
     Name,
     Default,
+    Shadow,
 }
 
 /// A period that has its own key.
@@ -26,7 +27,7 @@ pub(super) enum Unit {
 }
 
 /// Every key, in the order the messages list them.
-const KEYS: [(&str, Key); 11] = [
+const KEYS: [(&str, Key); 12] = [
     ("per_second", Key::Band(Unit::Second)),
     ("per_minute", Key::Band(Unit::Minute)),
     ("per_hour", Key::Band(Unit::Hour)),
@@ -38,6 +39,7 @@ const KEYS: [(&str, Key); 11] = [
     ("burst", Key::Burst),
     ("name", Key::Name),
     ("default", Key::Default),
+    ("shadow", Key::Shadow),
 ];
 
 impl Key {
@@ -124,7 +126,7 @@ mod tests {
     fn unrelated_keys_get_the_list() {
         for name in ["colour", "rate", "max", "limit", "x"] {
             assert_eq!(closest(name), None, "{name}");
-            assert!(unknown(name).ends_with("`name`, `default`"), "{name}");
+            assert!(unknown(name).ends_with("`name`, `default`, `shadow`"), "{name}");
         }
     }
 

@@ -87,6 +87,9 @@ impl RateTierBuilder {
     pub fn tiers<T: TierTable>(mut self) -> Self {
         for &tier in T::all() {
             self = self.tier(tier.tier_name(), tier.tier_quotas());
+            if tier.tier_shadow() {
+                self = self.shadow_tier(tier.tier_name());
+            }
         }
         if let Some(default) = T::default_tier() {
             self.default_tier = Some(Cow::Borrowed(default.tier_name()));

@@ -21,6 +21,13 @@ pub trait TierTable: Copy + Send + Sync + 'static {
     fn tier_quotas(self) -> &'static [Quota];
     /// The default tier, if the table names one.
     fn default_tier() -> Option<Self>;
+
+    /// Whether this tier is dark-launched (`#[tier(.., shadow)]`): its
+    /// requests are decided and reported, never refused. See
+    /// [`RateTierBuilder::shadow_tier`](crate::RateTierBuilder::shadow_tier).
+    fn tier_shadow(self) -> bool {
+        false
+    }
 }
 
 /// Anything that names a tier: `&str`, `String`, or a [`TierTable`] value.
