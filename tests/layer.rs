@@ -1229,3 +1229,29 @@ async fn a_storage_deciding_at_once_through_its_async_check_is_served() {
         .layer(TierLimitLayer::new(tiers).identifier_fn(header_identity));
     assert_eq!(hit(&app, "GET", "/plain", "ada").await, (200, Some(9)));
 }
+
+/// A response future polled again after it completed panics with a clear
+/// message, as futures conventionally do, instead of staying pending.
+#[test]
+fn a_response_future_polled_after_completion_panics_clearly() {
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+    let tiers = RateTier::builder()
+        .tier("free", Quota::per_minute(1))
+        .clock(FakeClock::new())
+        .build();
+    // no identifier and no default tier: every request is refused with 403
+    let mut service = TierLimitLayer::new(tiers).layer(tower::service_fn(|_: Request<Body>| async {
+        Ok::<_, std::convert::Infallible>(http::Response::new(Body::empty()))
+    }));
+    let mut future = Box::pin(service.call(Request::new(Body::empty())));
+    let mut cx = Context::from_waker(Waker::noop());
+    let Poll::Ready(Ok(response)) = future.as_mut().poll(&mut cx) else {
+        panic!("a refusal is ready at once");
+    };
+    assert_eq!(response.status(), StatusCode::FORBIDDEN);
+    let again = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| future.as_mut().poll(&mut cx)));
+    let message = again.expect_err("polling again panics");
+    let message = message.downcast_ref::<&str>().copied().unwrap_or_default();
+    assert!(message.contains("polled after completion"), "{message}");
+}
