@@ -22,10 +22,10 @@
 //!   a handler its cost.
 //! * gRPC (feature `grpc`): tonic calls are refused as RESOURCE_EXHAUSTED
 //!   with RetryInfo and QuotaFailure details; methods are priced by path
-//!   ([`grpc`](crate::grpc)).
+//!   ([`grpc`]).
 //! * Metrics (feature `metrics`): requests by tier and outcome, storage
 //!   latency and errors, through the `metrics` facade
-//!   ([`metrics`](crate::metrics)).
+//!   ([`metrics`]).
 //! * Tests: [`clock::FakeClock`] moves time by hand.
 //!
 //! ```

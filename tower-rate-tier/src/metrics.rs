@@ -19,8 +19,8 @@
 //! | `cost_exceeds_limit` | the tier | the cost is above the tier's burst (403) |
 //! | `storage_error_allowed`, `storage_error_denied` | the tier | the storage failed; [`OnStorageError`] let it through or refused it |
 //! | `check_failed` | the tier | the check failed otherwise (400) |
-//! | `unidentified_allowed`, `unidentified_denied` | `unknown` | not identified; [`OnMissing::Allow`](crate::OnMissing::Allow), or a refusal ([`OnMissing::Deny`](crate::OnMissing::Deny), no default tier) |
-//! | `unknown_tier_allowed`, `unknown_tier_denied` | `unknown` | the identifier named an unknown tier; [`OnUnknownTier::Allow`](crate::OnUnknownTier::Allow), or a refusal |
+//! | `unidentified_allowed`, `unidentified_denied` | `unknown` | not identified; [`OnMissing::Allow`], or a refusal ([`OnMissing::Deny`], no default tier) |
+//! | `unknown_tier_allowed`, `unknown_tier_denied` | `unknown` | the identifier named an unknown tier; [`OnUnknownTier::Allow`], or a refusal |
 //! | `body_rejected` | `unknown` | [`buffer_body`](crate::TierLimitLayer::buffer_body) refused the body (413, 408, 400) |
 //!
 //! An unidentified client or an unknown tier limited with the default tier
