@@ -222,3 +222,55 @@ async fn other_refusals_map_through_the_status_table() {
     assert_eq!(status.code(), Code::Unauthenticated);
     assert_eq!(status.message(), "the client is not identified");
 }
+
+#[tokio::test]
+async fn unidentified_callers_are_keyed_by_tonics_peer_address() {
+    use std::sync::{Arc, Mutex};
+    use tonic::transport::server::TcpConnectInfo;
+    use tower_rate_tier::{PeerAddr, RateLimitEvent};
+
+    let limited_keys = Arc::new(Mutex::new(Vec::new()));
+    let seen = limited_keys.clone();
+    let limiter = TierLimitLayer::new(plans(Quota::per_minute(1)))
+        .identifier_fn(api_key)
+        .on_event(move |event| {
+            if let RateLimitEvent::Limited { user, .. } = event {
+                seen.lock().unwrap().push(user.to_string());
+            }
+        });
+    // the recipe of the `grpc` module docs
+    let stack = tower::ServiceBuilder::new()
+        .map_request(|mut req: http::Request<tonic::body::Body>| {
+            let peer = req
+                .extensions()
+                .get::<TcpConnectInfo>()
+                .and_then(|info| info.remote_addr());
+            if let Some(addr) = peer {
+                req.extensions_mut().insert(PeerAddr(addr));
+            }
+            req
+        })
+        .layer(limiter);
+    let (listener, addr) = demo::listener().await;
+    let (_reporter, health) = tonic_health::server::health_reporter();
+    let server = tonic::transport::Server::builder()
+        .layer(stack)
+        .add_service(health)
+        .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener));
+    tokio::spawn(server);
+    let mut client = HealthClient::new(demo::connect(addr).await);
+    let check = || HealthCheckRequest {
+        service: String::new(),
+    };
+
+    client.check(check()).await.unwrap();
+    let status = client.check(check()).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    let keys = limited_keys.lock().unwrap();
+    assert_eq!(keys.len(), 1);
+    assert!(
+        keys[0].ends_with("ip:127.0.0.1"),
+        "keyed by address: {:?}",
+        keys[0]
+    );
+}

@@ -96,8 +96,21 @@
 //! Identify callers from metadata (it arrives as request headers) with
 //! [`identifier_fn`](crate::TierLimitLayer::identifier_fn). tonic's server
 //! gives no axum `ConnectInfo`: to key unidentified callers by address,
-//! insert a [`PeerAddr`](crate::PeerAddr) from tonic's `TcpConnectInfo`
-//! extension in a layer before the limiter.
+//! turn tonic's `TcpConnectInfo` into a [`PeerAddr`](crate::PeerAddr) in a
+//! layer before the limiter:
+//!
+//! ```text
+//! let stack = tower::ServiceBuilder::new()
+//!     .map_request(|mut req: http::Request<tonic::body::Body>| {
+//!         let peer = req.extensions().get::<TcpConnectInfo>().and_then(|info| info.remote_addr());
+//!         if let Some(addr) = peer {
+//!             req.extensions_mut().insert(PeerAddr(addr));
+//!         }
+//!         req
+//!     })
+//!     .layer(limiter);
+//! Server::builder().layer(stack).add_service(..)
+//! ```
 //!
 //! A gRPC request is never buffered for identification:
 //! [`buffer_body(true)`](crate::TierLimitLayer::buffer_body) identifies it
