@@ -20,6 +20,12 @@
 //! * Macros (feature `macros`, default): [`#[rate_tiers]`](macro@rate_tiers)
 //!   turns an enum into a tier table, [`#[tier_cost]`](macro@tier_cost) gives
 //!   a handler its cost.
+//! * gRPC (feature `grpc`): tonic calls are refused as RESOURCE_EXHAUSTED
+//!   with RetryInfo and QuotaFailure details; methods are priced by path
+//!   ([`grpc`]).
+//! * Metrics (feature `metrics`): requests by tier and outcome, storage
+//!   latency and errors, through the `metrics` facade
+//!   ([`metrics`]).
 //! * Tests: [`clock::FakeClock`] moves time by hand.
 //!
 //! ```
@@ -82,9 +88,13 @@ pub mod cost;
 mod eq;
 mod event;
 mod gcra;
+#[cfg(feature = "grpc")]
+pub mod grpc;
 mod headers;
 pub mod identity;
 mod limit;
+#[cfg(feature = "metrics")]
+pub mod metrics;
 pub mod policy;
 mod problem;
 pub mod quota;

@@ -207,6 +207,16 @@ impl Shared {
             priced,
         } = bill;
         let learned = priced != Priced::Fresh;
+        #[cfg(feature = "metrics")]
+        if let Some(counters) = &self.metrics {
+            let shadowed = self.ledger.shadowed(&tier);
+            counters.check(
+                &tier.name,
+                &result,
+                self.ledger.refusals.on_storage_error,
+                shadowed,
+            );
+        }
         match result {
             Ok(Ok(info)) => {
                 // A route whose cost is learned needs no more learning: a
@@ -314,6 +324,10 @@ impl Shared {
         self.ledger
             .refusals
             .event(&RateLimitEvent::UnknownTier { user, tier });
+        #[cfg(feature = "metrics")]
+        if let Some(counters) = &self.metrics {
+            counters.unknown_tier(self.on_unknown_tier, self.ledger.tiers.default_entry().is_some());
+        }
         match self.on_unknown_tier {
             OnUnknownTier::UseDefault => self.ledger.tiers.default_entry().ok_or_else(|| {
                 Admission::Refuse(problem(
@@ -335,6 +349,10 @@ impl Shared {
         let tiers = &self.ledger.tiers;
         tracing::debug!(target: "tower_rate_tier", policy = ?tiers.on_missing(), "client not identified");
         self.ledger.refusals.event(&RateLimitEvent::Unidentified);
+        #[cfg(feature = "metrics")]
+        if let Some(counters) = &self.metrics {
+            counters.unidentified(tiers.on_missing(), tiers.default_entry().is_some());
+        }
         match tiers.on_missing() {
             OnMissing::UseDefault => match tiers.default_entry() {
                 Some(tier) => {

@@ -68,7 +68,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use super::future::ResponseFuture;
-use super::layer::{Identify, TierLimitLayer};
+use super::layer::{Identify, Shared, TierLimitLayer};
 use super::service::{Start, TierLimitService, serve};
 use crate::body::ResponseBody;
 use crate::problem::problem;
@@ -148,7 +148,12 @@ impl<S: fmt::Debug> fmt::Debug for BufferedTierLimitService<S> {
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-fn refuse(status: StatusCode, detail: &str) -> Response<Bytes> {
+fn refuse(shared: &Shared, status: StatusCode, detail: &str) -> Response<Bytes> {
+    #[cfg(feature = "metrics")]
+    if let Some(counters) = &shared.metrics {
+        counters.count(None, crate::metrics::Outcome::BodyRejected);
+    }
+    let _ = shared;
     problem(status, detail, serde_json::Value::Null)
 }
 
@@ -170,7 +175,12 @@ where
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        if !self.buffer {
+        // A gRPC stream is identified by its headers, never buffered.
+        #[cfg(feature = "grpc")]
+        let buffer = self.buffer && !crate::grpc::is_grpc(req.headers());
+        #[cfg(not(feature = "grpc"))]
+        let buffer = self.buffer;
+        if !buffer {
             return self.inner.call(req);
         }
         let limits = self.inner.shared.body;
@@ -179,6 +189,7 @@ where
             || declared_length(&req) > Some(limits.max as u64)
         {
             return ResponseFuture::refuse(refuse(
+                &self.inner.shared,
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "the request body is larger than the limit",
             ));
@@ -198,17 +209,23 @@ where
                 Ok(Ok(collected)) => collected.to_bytes(),
                 Ok(Err(error)) if error.downcast_ref::<LengthLimitError>().is_some() => {
                     let r = refuse(
+                        &shared,
                         StatusCode::PAYLOAD_TOO_LARGE,
                         "the request body is larger than the limit",
                     );
                     return Ok(crate::body::refusal(r));
                 }
                 Ok(Err(_)) => {
-                    let r = refuse(StatusCode::BAD_REQUEST, "the request body could not be read");
+                    let r = refuse(
+                        &shared,
+                        StatusCode::BAD_REQUEST,
+                        "the request body could not be read",
+                    );
                     return Ok(crate::body::refusal(r));
                 }
                 Err(_) => {
                     let r = refuse(
+                        &shared,
                         StatusCode::REQUEST_TIMEOUT,
                         "the request body was not received in time",
                     );

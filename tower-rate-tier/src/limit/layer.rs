@@ -40,6 +40,10 @@ pub(crate) struct Shared {
     pub(crate) client_addrs: ClientAddrs,
     #[cfg(feature = "buffered-body")]
     pub(crate) body: super::buffered::BodyLimits,
+    #[cfg(feature = "grpc")]
+    pub(crate) grpc_retry_pushback: bool,
+    #[cfg(feature = "metrics")]
+    pub(crate) metrics: Option<Arc<crate::metrics::RequestCounters>>,
 }
 
 /// A tower [`Layer`] that rate-limits requests by tier.
@@ -101,6 +105,10 @@ impl TierLimitLayer {
                 client_addrs: ClientAddrs::default(),
                 #[cfg(feature = "buffered-body")]
                 body: super::buffered::BodyLimits::default(),
+                #[cfg(feature = "grpc")]
+                grpc_retry_pushback: false,
+                #[cfg(feature = "metrics")]
+                metrics: None,
             }),
         }
     }
@@ -287,6 +295,27 @@ impl TierLimitLayer {
     /// keyed by their address.
     pub fn anonymous_ipv6_prefix(mut self, len: u8) -> Self {
         self.config().client_addrs.set_ipv6_prefix(len);
+        self
+    }
+
+    /// Adds `grpc-retry-pushback-ms` (the retry delay in milliseconds) to
+    /// the RESOURCE_EXHAUSTED answer of a rate-limited gRPC call (default
+    /// off): a client whose retry policy lists RESOURCE_EXHAUSTED then waits
+    /// that long before it retries. See [`grpc`](crate::grpc).
+    #[cfg(feature = "grpc")]
+    pub fn grpc_retry_pushback(mut self, enabled: bool) -> Self {
+        self.config().grpc_retry_pushback = enabled;
+        self
+    }
+
+    /// Counts every request in `tower_rate_tier_requests_total{tier,
+    /// outcome}` (default off); see [`metrics`](crate::metrics). The
+    /// counters are registered now, with the recorder in force: install it
+    /// before this call.
+    #[cfg(feature = "metrics")]
+    pub fn metrics(mut self, enabled: bool) -> Self {
+        let counters = enabled.then(|| Arc::new(crate::metrics::RequestCounters::new(self.tiers())));
+        self.config().metrics = counters;
         self
     }
 

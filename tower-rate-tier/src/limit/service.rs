@@ -119,7 +119,9 @@ impl<S> TierLimitService<S> {
     {
         match admission {
             Admission::Pass(charge) => ResponseFuture::inner(self.inner.call(req), charge),
-            Admission::Refuse(response) => ResponseFuture::refuse(response),
+            Admission::Refuse(response) => {
+                ResponseFuture::refuse(self.shared.answer(req.headers(), response))
+            }
         }
     }
 
@@ -184,6 +186,21 @@ where
             let response = inner.call(Request::from_parts(parts, body)).await?;
             Ok(finish(response, charge.as_ref()))
         }
-        Admission::Refuse(response) => Ok(crate::body::refusal(response)),
+        Admission::Refuse(response) => Ok(crate::body::refusal(shared.answer(&parts.headers, response))),
+    }
+}
+
+impl Shared {
+    /// A refusal in the request's protocol: gRPC's for gRPC requests
+    /// (feature `grpc`), else the HTTP one.
+    pub(crate) fn answer(
+        &self,
+        request: &http::HeaderMap,
+        refusal: Response<bytes::Bytes>,
+    ) -> Response<bytes::Bytes> {
+        #[cfg(feature = "grpc")]
+        let refusal = crate::grpc::refusal(request, refusal, self.grpc_retry_pushback);
+        let _ = request;
+        refusal
     }
 }

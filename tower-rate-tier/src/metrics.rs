@@ -1,0 +1,378 @@
+//! Counters and histograms through the [`metrics`](https://docs.rs/metrics)
+//! facade 0.24 (feature `metrics`).
+//!
+//! | name | type | labels | what |
+//! | --- | --- | --- | --- |
+//! | `tower_rate_tier_requests_total` | counter | `tier`, `outcome` | every request the layer decides, once ([`TierLimitLayer::metrics`](crate::TierLimitLayer::metrics)) |
+//! | `tower_rate_tier_storage_duration_seconds` | histogram | `storage` | each storage operation, from the call to its answer ([`MeteredStorage`]) |
+//! | `tower_rate_tier_storage_errors_total` | counter | `storage`, `kind` | failed storage operations ([`MeteredStorage`]); `kind` is `timeout`, `unavailable`, `full` or `other` |
+//! | `tower_rate_tier_deny_cache_hits_total` | counter | `storage` | reserved for the deny-cache storage; not emitted yet |
+//! | `tower_rate_tier_fallback_active` | gauge | `storage` | reserved for the fallback storage (1 while it serves); not emitted yet |
+//!
+//! The `outcome` of a request ([`Outcome`]):
+//!
+//! | outcome | `tier` | when |
+//! | --- | --- | --- |
+//! | `allowed` | the tier charged | admitted (an unlimited tier too) |
+//! | `limited` | the tier charged | refused: the quota is spent (429, or RESOURCE_EXHAUSTED) |
+//! | `shadow_limited` | the tier charged | would have been limited, let through by shadow mode (nothing consumed) |
+//! | `cost_exceeds_limit` | the tier | the cost is above the tier's burst (403) |
+//! | `storage_error_allowed`, `storage_error_denied` | the tier | the storage failed; [`OnStorageError`] let it through or refused it |
+//! | `check_failed` | the tier | the check failed otherwise (400) |
+//! | `unidentified_allowed`, `unidentified_denied` | `unknown` | not identified; [`OnMissing::Allow`], or a refusal ([`OnMissing::Deny`], no default tier) |
+//! | `unknown_tier_allowed`, `unknown_tier_denied` | `unknown` | the identifier named an unknown tier; [`OnUnknownTier::Allow`], or a refusal |
+//! | `body_rejected` | `unknown` | [`buffer_body`](crate::TierLimitLayer::buffer_body) refused the body (413, 408, 400) |
+//!
+//! An unidentified client or an unknown tier limited with the default tier
+//! counts under the default tier, with that decision's outcome. Labels are
+//! bounded: `tier` is a configured tier name or `unknown` (never what a
+//! client sent), there is no user or key label, and every (tier, outcome)
+//! pair above is registered once, at 0, when the layer is built; a request
+//! increments a ready handle (no key is built, nothing is allocated).
+//!
+//! The counts are the limiter's decisions at the edge, one per request. A
+//! route-level [`tier_cost`](fn@crate::tier_cost) that refuses a request the
+//! edge admitted (possible only while the limiter is still learning that
+//! route's cost, or for a declaration that runs on some requests only)
+//! counts as `allowed`; [`on_event`](crate::TierLimitLayer::on_event)
+//! reports that refusal.
+//!
+//! # Installing a recorder
+//!
+//! Handles are registered with the recorder in force when
+//! [`metrics(true)`](crate::TierLimitLayer::metrics) and
+//! [`MeteredStorage::new`] run: install the recorder (or exporter) first.
+//! With `metrics-exporter-prometheus`, histograms are summaries unless you
+//! give buckets:
+//!
+//! ```text
+//! let handle = PrometheusBuilder::new()
+//!     .set_buckets_for_metric(
+//!         Matcher::Full(tower_rate_tier::metrics::STORAGE_DURATION_SECONDS.into()),
+//!         &[0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1],
+//!     )?
+//!     .install_recorder()?;
+//! // build the RateTier and the layer now; serve `handle.render()` at /metrics
+//! ```
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+//! use tower_rate_tier::metrics::MeteredStorage;
+//! use tower_rate_tier::storage::MemoryStorage;
+//! use tower_rate_tier::{Quota, RateTier};
+//!
+//! let recorder = DebuggingRecorder::new();
+//! let snapshotter = recorder.snapshotter();
+//! // A local recorder for the registration; the handles outlive it.
+//! let tiers = metrics::with_local_recorder(&recorder, || {
+//!     let storage = MeteredStorage::new(MemoryStorage::new(), "memory");
+//!     RateTier::builder().tier("free", Quota::per_minute(10)).storage(storage).build()
+//! });
+//! tiers.check("ada", "free", 1).await.unwrap().unwrap();
+//!
+//! let timed = snapshotter.snapshot().into_vec().into_iter().find_map(|(key, _, _, value)| {
+//!     (key.key().name() == "tower_rate_tier_storage_duration_seconds").then_some(value)
+//! });
+//! assert!(matches!(timed, Some(DebugValue::Histogram(samples)) if samples.len() == 1));
+//! # }
+//! ```
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Instant;
+
+use metrics::{Counter, Histogram, SharedString};
+
+use crate::clock::Clock;
+use crate::policy::{OnMissing, OnStorageError, OnUnknownTier};
+use crate::quota::Quota;
+use crate::storage::{Decide, Decision, Op, Storage, StorageError, StorageErrorKind, StorageKey};
+use crate::tier::{CheckError, CheckResult, RateTier};
+
+/// `tower_rate_tier_requests_total{tier, outcome}`.
+pub const REQUESTS_TOTAL: &str = "tower_rate_tier_requests_total";
+/// `tower_rate_tier_storage_duration_seconds{storage}`.
+pub const STORAGE_DURATION_SECONDS: &str = "tower_rate_tier_storage_duration_seconds";
+/// `tower_rate_tier_storage_errors_total{storage, kind}`.
+pub const STORAGE_ERRORS_TOTAL: &str = "tower_rate_tier_storage_errors_total";
+/// `tower_rate_tier_deny_cache_hits_total{storage}`: reserved for the deny
+/// cache, not emitted yet.
+pub const DENY_CACHE_HITS_TOTAL: &str = "tower_rate_tier_deny_cache_hits_total";
+/// `tower_rate_tier_fallback_active{storage}` (gauge): reserved for the
+/// fallback storage, not emitted yet.
+pub const FALLBACK_ACTIVE: &str = "tower_rate_tier_fallback_active";
+/// The `tier` label of requests charged to no configured tier.
+pub const UNKNOWN: &str = "unknown";
+
+/// What became of a request: the `outcome` label of
+/// [`REQUESTS_TOTAL`]. See the [module docs](self).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// Admitted.
+    Allowed,
+    /// Refused: the quota is spent.
+    Limited,
+    /// Would have been limited under shadow mode. Reserved: not emitted yet.
+    ShadowLimited,
+    /// The cost is above the tier's burst.
+    CostExceedsLimit,
+    /// The check failed for another reason than the storage.
+    CheckFailed,
+    /// The storage failed and the request was let through.
+    StorageErrorAllowed,
+    /// The storage failed and the request was refused.
+    StorageErrorDenied,
+    /// Not identified, let through uncounted.
+    UnidentifiedAllowed,
+    /// Not identified, refused.
+    UnidentifiedDenied,
+    /// An unknown tier, let through uncounted.
+    UnknownTierAllowed,
+    /// An unknown tier, refused.
+    UnknownTierDenied,
+    /// The body could not be buffered for identification.
+    BodyRejected,
+}
+
+const OUTCOMES: usize = 12;
+
+impl Outcome {
+    /// Every outcome, in label order.
+    pub const ALL: [Outcome; OUTCOMES] = [
+        Outcome::Allowed,
+        Outcome::Limited,
+        Outcome::ShadowLimited,
+        Outcome::CostExceedsLimit,
+        Outcome::CheckFailed,
+        Outcome::StorageErrorAllowed,
+        Outcome::StorageErrorDenied,
+        Outcome::UnidentifiedAllowed,
+        Outcome::UnidentifiedDenied,
+        Outcome::UnknownTierAllowed,
+        Outcome::UnknownTierDenied,
+        Outcome::BodyRejected,
+    ];
+
+    /// The `outcome` label value.
+    pub const fn label(self) -> &'static str {
+        match self {
+            Outcome::Allowed => "allowed",
+            Outcome::Limited => "limited",
+            Outcome::ShadowLimited => "shadow_limited",
+            Outcome::CostExceedsLimit => "cost_exceeds_limit",
+            Outcome::CheckFailed => "check_failed",
+            Outcome::StorageErrorAllowed => "storage_error_allowed",
+            Outcome::StorageErrorDenied => "storage_error_denied",
+            Outcome::UnidentifiedAllowed => "unidentified_allowed",
+            Outcome::UnidentifiedDenied => "unidentified_denied",
+            Outcome::UnknownTierAllowed => "unknown_tier_allowed",
+            Outcome::UnknownTierDenied => "unknown_tier_denied",
+            Outcome::BodyRejected => "body_rejected",
+        }
+    }
+
+    /// Whether the outcome belongs to a configured tier (else to `unknown`).
+    const fn of_a_tier(self) -> bool {
+        matches!(
+            self,
+            Outcome::Allowed
+                | Outcome::Limited
+                | Outcome::ShadowLimited
+                | Outcome::CostExceedsLimit
+                | Outcome::CheckFailed
+                | Outcome::StorageErrorAllowed
+                | Outcome::StorageErrorDenied
+        )
+    }
+}
+
+/// One handle per outcome; a no-op where the pair never happens.
+type Row = [Counter; OUTCOMES];
+
+fn row(tier: &str, applies: impl Fn(Outcome) -> bool) -> Row {
+    Outcome::ALL.map(|outcome| {
+        if applies(outcome) {
+            let tier = SharedString::from(tier.to_owned());
+            metrics::counter!(REQUESTS_TOTAL, "tier" => tier, "outcome" => outcome.label())
+        } else {
+            Counter::noop()
+        }
+    })
+}
+
+/// The request counters of one layer: a row of handles per configured tier
+/// and one for `unknown`, registered when the layer is built.
+pub(crate) struct RequestCounters {
+    by_name: HashMap<Box<str>, usize, foldhash::fast::RandomState>,
+    tiers: Box<[Row]>,
+    unknown: Row,
+}
+
+impl RequestCounters {
+    /// Registers every meaningful (tier, outcome) pair of `tiers` with the
+    /// recorder in force.
+    pub(crate) fn new(tiers: &RateTier) -> Self {
+        let names = tiers.tier_names();
+        RequestCounters {
+            by_name: names
+                .iter()
+                .enumerate()
+                .map(|(i, name)| (name.as_str().into(), i))
+                .collect(),
+            tiers: names.iter().map(|name| row(name, Outcome::of_a_tier)).collect(),
+            unknown: row(UNKNOWN, |outcome| {
+                !outcome.of_a_tier() && outcome != Outcome::ShadowLimited
+            }),
+        }
+    }
+
+    /// Counts one request of `tier` (a configured name, else `unknown`).
+    pub(crate) fn count(&self, tier: Option<&str>, outcome: Outcome) {
+        let row = tier
+            .and_then(|name| self.by_name.get(name))
+            .map_or(&self.unknown, |&i| &self.tiers[i]);
+        row[outcome as usize].increment(1);
+    }
+
+    /// Counts a charged request by what its check answered (`shadowed`:
+    /// a would-be refusal is let through).
+    pub(crate) fn check(&self, tier: &str, result: &CheckResult, policy: OnStorageError, shadowed: bool) {
+        let outcome = match result {
+            Ok(Ok(_)) => Outcome::Allowed,
+            Ok(Err(_)) if shadowed => Outcome::ShadowLimited,
+            Ok(Err(_)) => Outcome::Limited,
+            Err(CheckError::Storage(_)) if policy == OnStorageError::Allow => Outcome::StorageErrorAllowed,
+            Err(CheckError::Storage(_)) => Outcome::StorageErrorDenied,
+            Err(CheckError::CostExceedsLimit { .. }) => Outcome::CostExceedsLimit,
+            Err(_) => Outcome::CheckFailed,
+        };
+        self.count(Some(tier), outcome);
+    }
+
+    /// Counts an unidentified request the policy answers itself (one limited
+    /// with the default tier is counted by its check).
+    pub(crate) fn unidentified(&self, policy: OnMissing, has_default: bool) {
+        match policy {
+            OnMissing::UseDefault if has_default => {}
+            OnMissing::Allow => self.count(None, Outcome::UnidentifiedAllowed),
+            OnMissing::UseDefault | OnMissing::Deny(_) => self.count(None, Outcome::UnidentifiedDenied),
+        }
+    }
+
+    /// Counts a request of an unknown tier the policy answers itself (one
+    /// limited with the default tier is counted by its check).
+    pub(crate) fn unknown_tier(&self, policy: OnUnknownTier, has_default: bool) {
+        match policy {
+            OnUnknownTier::UseDefault if has_default => {}
+            OnUnknownTier::Allow => self.count(None, Outcome::UnknownTierAllowed),
+            OnUnknownTier::UseDefault | OnUnknownTier::Deny(_) => {
+                self.count(None, Outcome::UnknownTierDenied)
+            }
+        }
+    }
+}
+
+impl fmt::Debug for RequestCounters {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RequestCounters")
+            .field("tiers", &self.tiers.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A [`Storage`] that times every operation of the storage it wraps
+/// ([`STORAGE_DURATION_SECONDS`]) and counts its failures by kind
+/// ([`STORAGE_ERRORS_TOTAL`]), both labelled `storage` with the name you
+/// give. A decision that is ready at once is timed without allocating; one
+/// that waits (Redis) is timed until its answer.
+///
+/// ```
+/// use tower_rate_tier::metrics::MeteredStorage;
+/// use tower_rate_tier::storage::MemoryStorage;
+/// use tower_rate_tier::{Quota, RateTier};
+///
+/// // with the recorder installed first
+/// let tiers = RateTier::builder()
+///     .tier("free", Quota::per_minute(10))
+///     .storage(MeteredStorage::new(MemoryStorage::new(), "memory"))
+///     .build();
+/// # let _ = tiers;
+/// ```
+pub struct MeteredStorage<S> {
+    inner: S,
+    probe: Arc<Probe>,
+}
+
+struct Probe {
+    duration: Histogram,
+    /// By [`kind_index`].
+    errors: [Counter; 4],
+}
+
+fn kind_index(kind: StorageErrorKind) -> usize {
+    match kind {
+        StorageErrorKind::Timeout => 0,
+        StorageErrorKind::Unavailable => 1,
+        StorageErrorKind::Full => 2,
+        _ => 3,
+    }
+}
+
+impl Probe {
+    fn record(&self, started: Instant, result: &Result<Decision, StorageError>) {
+        self.duration.record(started.elapsed().as_secs_f64());
+        if let Err(error) = result {
+            self.errors[kind_index(error.kind())].increment(1);
+        }
+    }
+}
+
+impl<S: Storage> MeteredStorage<S> {
+    /// Wraps `inner`, naming it `name` in the `storage` label (`"memory"`,
+    /// `"redis"`). Registers its handles with the recorder in force.
+    pub fn new(inner: S, name: impl Into<SharedString>) -> Self {
+        let name: SharedString = name.into();
+        let errors = ["timeout", "unavailable", "full", "other"]
+            .map(|kind| metrics::counter!(STORAGE_ERRORS_TOTAL, "storage" => name.clone(), "kind" => kind));
+        let duration = metrics::histogram!(STORAGE_DURATION_SECONDS, "storage" => name);
+        MeteredStorage {
+            inner,
+            probe: Arc::new(Probe { duration, errors }),
+        }
+    }
+
+    /// The wrapped storage.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+}
+
+impl<S: Storage> Storage for MeteredStorage<S> {
+    fn decide(&self, key: StorageKey<'_>, bands: &[Quota], op: Op, clock: &Arc<dyn Clock>) -> Decide {
+        let started = Instant::now();
+        match self.inner.decide(key, bands, op, clock).into_ready() {
+            Ok(result) => {
+                self.probe.record(started, &result);
+                Decide::ready(result)
+            }
+            Err(pending) => {
+                let probe = self.probe.clone();
+                Decide::pending(async move {
+                    let result = pending.await;
+                    probe.record(started, &result);
+                    result
+                })
+            }
+        }
+    }
+}
+
+impl<S: fmt::Debug> fmt::Debug for MeteredStorage<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("MeteredStorage").field(&self.inner).finish()
+    }
+}
