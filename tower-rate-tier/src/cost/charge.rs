@@ -110,6 +110,15 @@ impl Charge {
         let Some((method, path)) = &self.route else {
             return;
         };
+        // A method the route has no handler for: axum's 405 (or a 501) comes
+        // from a fallback that the route's layers wrap too, so a declaration
+        // may have run for a method the route does not serve.
+        if matches!(
+            response.status(),
+            http::StatusCode::METHOD_NOT_ALLOWED | http::StatusCode::NOT_IMPLEMENTED
+        ) {
+            return;
+        }
         let learned = &self.ledger.learned;
         match state.declared {
             // Learned also from refused requests, so that a cost above the
