@@ -169,7 +169,7 @@ impl Charge {
                     }
                 }
                 // Over-charged rather than under-charged; still admitted.
-                Err(e) => tracing::warn!(error = %e, "rate-limit refund failed"),
+                Err(e) => self.ledger.refusals.refund_failed(&e),
             }
             return Ok(());
         }
@@ -215,7 +215,7 @@ impl Charge {
 
     async fn give_back(&self, units: u32) {
         if let Err(e) = self.ledger.tiers.give_back(&self.user, &self.tier, units).await {
-            tracing::warn!(error = %e, "rate-limit refund failed");
+            self.ledger.refusals.refund_failed(&e);
         }
     }
 
@@ -263,7 +263,7 @@ impl Charge {
 impl fmt::Debug for Charge {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Charge")
-            .field("user", &self.user)
+            .field("user", &self.ledger.refusals.pseudonyms.of(&self.user))
             .field("state", &*self.lock())
             .finish_non_exhaustive()
     }

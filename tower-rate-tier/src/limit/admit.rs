@@ -12,7 +12,7 @@ use crate::event::RateLimitEvent;
 use crate::identity::{ANONYMOUS_PREFIX, TierIdentity};
 use crate::policy::{OnMissing, OnUnknownTier};
 use crate::problem::problem;
-use crate::storage::Decide;
+use crate::storage::{Decide, DecisionSource};
 use crate::tier::{CheckError, CheckResult, MAX_USER_ID_LEN, TierEntry, conclude};
 
 /// What the limiter decided about a request.
@@ -191,6 +191,12 @@ impl Shared {
             priced,
         } = bill;
         let learned = priced != Priced::Fresh;
+        if let Ok(decided) = &result {
+            let source = decided.as_ref().map_or_else(|l| l.source(), |i| i.source());
+            if source == DecisionSource::Overflow {
+                self.ledger.refusals.overflow(&user, &tier.name);
+            }
+        }
         match result {
             Ok(Ok(info)) => {
                 // A route whose cost is learned needs no more learning: a
@@ -281,11 +287,9 @@ impl Shared {
         head: &mut impl Head,
         identity: &TierIdentity,
     ) -> Result<Arc<TierEntry>, Admission> {
-        let (user, tier) = (&*identity.user_id, &*identity.tier);
-        tracing::warn!(target: "tower_rate_tier", user, tier, policy = ?self.on_unknown_tier, "unknown tier");
         self.ledger
             .refusals
-            .event(&RateLimitEvent::UnknownTier { user, tier });
+            .unknown_tier(&identity.user_id, &identity.tier, &self.on_unknown_tier);
         match self.on_unknown_tier {
             OnUnknownTier::UseDefault => self.ledger.tiers.default_entry().cloned().ok_or_else(|| {
                 Admission::Refuse(problem(

@@ -1,5 +1,6 @@
 //! In-process storage on [`DashMap`].
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -9,11 +10,14 @@ use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
 use smallvec::SmallVec;
 
+#[cfg(doc)]
+use super::DecisionSource;
 use super::{BandName, Decide, Decision, MAX_BANDS, Op, Storage, StorageError, StorageErrorKind, StorageKey};
 use crate::clock::{Clock, Nanos};
 use crate::quota::Quota;
 
 mod gc;
+mod overflow;
 
 type Hasher = foldhash::fast::RandomState;
 
@@ -49,9 +53,25 @@ const DEFAULT_GC_INTERVAL: Duration = Duration::from_secs(60);
 /// * At most [`max_keys`](MemoryStorageBuilder::max_keys) keys (default
 ///   1,000,000) are tracked. When a new key arrives at the cap, expired keys
 ///   are reclaimed first (an inline sweep, at most once per second); if the
-///   storage is still full the new key is refused with a
-///   [`StorageErrorKind::Full`] error. Tracked keys are never evicted, so a
-///   flood of new identities cannot reset anybody's quota.
+///   storage is still full, the new identity is decided in its tier's
+///   **overflow bucket**: one bucket per namespace and tier, shared by every
+///   identity that has no room of its own, with the tier's quota. Nobody
+///   passes uncounted: a flood of new identities gets one quota between
+///   them, tracked keys are never evicted (nobody's quota is reset), and a
+///   new user is admitted while the flood leaves room in the shared bucket.
+///   Such decisions report [`DecisionSource::Overflow`] (the layer emits
+///   [`RateLimitEvent::Overflow`](crate::RateLimitEvent::Overflow)), and the
+///   storage logs a warning at most once per 10 s with their count. A refund
+///   of an identity without a key of its own gives nothing back.
+/// * The cap counts keys, not bytes. A key holds the user id (at most
+///   [`MAX_USER_ID_LEN`](crate::tier::MAX_USER_ID_LEN), 256 bytes, through
+///   [`RateTier`](crate::RateTier)), the tier's name, the band's name and a
+///   TAT, in a table slot. Measured live heap per key at 1,000,000 keys
+///   (one-band tier `free`): 74 bytes with 12-byte ids, 318 bytes with
+///   256-byte ids. So the default cap holds at most about **320 MB** of
+///   keys (75 MB of short ones), plus up to about 50 MB while a flood
+///   refills the tables after a sweep (they may double once); size
+///   `max_keys` by the memory you can give it.
 ///
 /// Clones share one map.
 ///
@@ -69,6 +89,8 @@ pub struct MemoryStorage {
 struct Inner {
     single: DashMap<Box<[u8]>, Nanos, Hasher>,
     multi: DashMap<Box<[u8]>, Tats, Hasher>,
+    /// The overflow bucket of each namespace and tier (not counted in `len`).
+    overflow: std::sync::Mutex<HashMap<Box<[u8]>, Tats, Hasher>>,
     len: AtomicUsize,
     max_keys: usize,
     gc_interval: Duration,
@@ -78,6 +100,9 @@ struct Inner {
     /// Dropped with the storage: ends its GC task at once.
     gc_stop: std::sync::Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
     last_inline_sweep: AtomicU64,
+    /// Decisions in overflow buckets since the last warning of them.
+    overflowed: AtomicU64,
+    last_overflow_warning: AtomicU64,
 }
 
 /// Configures a [`MemoryStorage`].
@@ -131,6 +156,7 @@ impl MemoryStorageBuilder {
             inner: Arc::new(Inner {
                 single: new_map(),
                 multi: new_map(),
+                overflow: std::sync::Mutex::default(),
                 len: AtomicUsize::new(0),
                 max_keys: self.max_keys,
                 gc_interval: self.gc_interval,
@@ -138,6 +164,8 @@ impl MemoryStorageBuilder {
                 gc_running: AtomicBool::new(false),
                 gc_stop: std::sync::Mutex::new(None),
                 last_inline_sweep: AtomicU64::new(0),
+                overflowed: AtomicU64::new(0),
+                last_overflow_warning: AtomicU64::new(0),
             }),
         }
     }
@@ -267,6 +295,7 @@ impl Inner {
     ) -> Result<Decision, StorageError> {
         let bands = std::slice::from_ref(quota);
         let name = super::band_names(bands).next();
+        let user_key = key;
         let key = encode(key, name);
         if let Some(mut stored) = self.single.get_mut(&key[..]) {
             let now = clock.now();
@@ -282,7 +311,9 @@ impl Inner {
             // Denied, a peek, or a refund: nothing to keep.
             return Ok(decision);
         }
-        self.reserve_slot(now)?;
+        if !self.reserve_slot(now) {
+            return Ok(self.decide_overflow(user_key, bands, op, clock));
+        }
         match self.single.entry(Box::from(&key[..])) {
             Entry::Occupied(mut e) => {
                 // Another request inserted the key meanwhile: decide again
@@ -321,6 +352,7 @@ impl Inner {
         }
         let names = &names[..bands.len()];
         let n = bands.len();
+        let user_key = key;
         let key = encode(key, None);
         let apply = |stored: Option<&mut Tats>, now: Nanos| {
             let mut tats = stored.as_deref().map_or([None; MAX_BANDS], |s| lookup(s, names));
@@ -346,7 +378,9 @@ impl Inner {
         if new.is_none() {
             return Ok(decision);
         }
-        self.reserve_slot(now)?;
+        if !self.reserve_slot(now) {
+            return Ok(self.decide_overflow(user_key, bands, op, clock));
+        }
         match self.multi.entry(Box::from(&key[..])) {
             Entry::Occupied(mut e) => {
                 self.len.fetch_sub(1, Ordering::Relaxed);
