@@ -8,7 +8,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use tower_rate_tier::clock::{Clock, FakeClock};
-use tower_rate_tier::storage::{MemoryStorage, StorageErrorKind};
+use tower_rate_tier::storage::{DecisionSource, MemoryStorage};
 use tower_rate_tier::{BuildError, CheckError, IntoQuotas, Quota, RateLimitInfo, RateLimited, RateTier};
 
 const MS: Duration = Duration::from_millis(1);
@@ -564,7 +564,7 @@ async fn background_gc_removes_expired_keys_and_stops_with_the_storage() {
 }
 
 #[test]
-fn key_cap_refuses_new_keys_keeps_existing_ones_exact_and_reclaims_expired_first() {
+fn key_cap_shares_one_bucket_between_new_keys_keeps_existing_ones_exact_and_reclaims_expired_first() {
     let clock = FakeClock::new();
     let storage = MemoryStorage::builder().max_keys(3).build();
     let t = RateTier::builder()
@@ -573,9 +573,10 @@ fn key_cap_refuses_new_keys_keeps_existing_ones_exact_and_reclaims_expired_first
         .clock(clock.clone())
         .storage(storage.clone())
         .build();
+    // at the cap, a new key is decided in its tier's overflow bucket
     let full = |user: &str, tier: &str| match ready(t.check(user, tier, 1)) {
-        Err(CheckError::Storage(e)) => assert_eq!(e.kind(), StorageErrorKind::Full, "{e}"),
-        other => panic!("expected {user} to be refused as Full, got {other:?}"),
+        Ok(Ok(info)) => assert_eq!(info.source(), DecisionSource::Overflow, "{user}"),
+        other => panic!("expected {user} to be decided in the overflow bucket, got {other:?}"),
     };
 
     admit(&t, "a", 10); // expires at +1 s
@@ -587,10 +588,19 @@ fn key_cap_refuses_new_keys_keeps_existing_ones_exact_and_reclaims_expired_first
     // At the cap, the expired key ("b") is reclaimed first: "d" gets in.
     admit(&t, "d", 10); // expires at +1.5 s
     assert_eq!(storage.len(), 3);
-    // Nothing else has expired: new keys are refused, single- and multi-band.
+    // Nothing else has expired: new keys share their tier's overflow bucket,
+    // single- and multi-band, one quota for all of them.
     full("e", "free");
     full("e", "pro");
+    for user in ["x", "y", "z"] {
+        full(user, "free");
+    }
     assert_eq!(storage.len(), 3);
+    // four of the overflow bucket's ten units are spent
+    let shared = ready(t.check("w", "free", 7)).unwrap().unwrap_err();
+    assert_eq!((shared.remaining, shared.source()), (6, DecisionSource::Overflow));
+    // existing keys are decided in their own buckets
+    assert_eq!(admit(&t, "a", 0).source(), DecisionSource::Storage);
     // A peek on a new key stores nothing and works at the cap.
     assert_eq!(admit(&t, "e", 0).remaining, 10);
 
@@ -623,10 +633,7 @@ fn key_cap_after_a_backwards_clock_still_reclaims_expired_keys() {
     let t = tiers_on(&clock, &storage, Quota::per_second(10));
     admit(&t, "a", 10);
     admit(&t, "b", 10);
-    assert!(matches!(
-        ready(t.check("c", "free", 1)),
-        Err(CheckError::Storage(_))
-    ));
+    assert_eq!(admit(&t, "c", 1).source(), DecisionSource::Overflow);
 
     // The clock is stepped back 10 s; both users come back: they are limited
     // for one full refill (1 s), not 11 s.

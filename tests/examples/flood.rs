@@ -43,7 +43,21 @@ async fn main() {
         r.heap_peak_growth,
         r.heap_peak_growth as f64 / cap_size
     );
+    let shared_admitted = r.flood_overflow - r.flood_limited;
+    let shared_bound = u64::from(flood::QUOTA.burst())
+        + r.fake_elapsed.as_nanos() as u64 / flood::QUOTA.emission_interval_nanos();
+    println!(
+        "uncounted {}; decided in the overflow bucket {}, of which admitted {shared_admitted} (bound {shared_bound})",
+        r.flood_uncounted, r.flood_overflow
+    );
+    let long_ids = flood::bytes_per_key_with_id_len(1_000_000, tower_rate_tier::tier::MAX_USER_ID_LEN);
+    println!(
+        "bytes per tracked key at 1,000,000 keys of {}-byte ids: {long_ids:.1}",
+        tower_rate_tier::tier::MAX_USER_ID_LEN
+    );
     assert_eq!(r.flood_other, 0);
+    assert_eq!(r.flood_uncounted, 0);
+    assert!(shared_admitted as u64 <= shared_bound);
     assert!(r.max_len <= cap);
     assert!((r.heap_peak_growth as f64) < bound);
     assert_eq!(r.legit_uncounted, 0);

@@ -7,6 +7,8 @@
 //! allocator (see [`crate::heap`]).
 
 use std::fmt::Write as _;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use axum::Router;
@@ -16,7 +18,7 @@ use http::{HeaderMap, Request, StatusCode};
 use tower::ServiceExt;
 use tower_rate_tier::clock::{Clock, FakeClock};
 use tower_rate_tier::storage::MemoryStorage;
-use tower_rate_tier::{Quota, RateTier, TierIdentity, TierLimitLayer};
+use tower_rate_tier::{Quota, RateLimitEvent, RateTier, TierIdentity, TierLimitLayer};
 
 use crate::heap;
 
@@ -42,12 +44,19 @@ pub struct Flood {
 /// What a flood measured.
 #[derive(Debug, Clone, Default)]
 pub struct Report {
-    /// Flood requests counted by the limiter (rate-limit headers present).
+    /// Flood requests admitted and counted by the limiter (200 with
+    /// rate-limit headers), in their own bucket or the overflow bucket.
     pub flood_counted: usize,
-    /// Flood requests let through uncounted because the storage was full
-    /// (the default `OnStorageError::Allow`).
+    /// Flood requests refused with 429 (only the shared overflow bucket
+    /// refuses: each flood identity sends one request, within its burst).
+    pub flood_limited: usize,
+    /// Flood requests decided in the tier's overflow bucket, the storage
+    /// being full (`RateLimitEvent::Overflow`), admitted or not.
+    pub flood_overflow: usize,
+    /// Flood requests let through uncounted (200 without rate-limit
+    /// headers).
     pub flood_uncounted: usize,
-    /// Flood requests answered anything but 200.
+    /// Flood requests answered anything else.
     pub flood_other: usize,
     /// Legitimate requests admitted, per user.
     pub legit_admitted: Vec<u64>,
@@ -120,9 +129,17 @@ pub async fn run(flood: Flood) -> Report {
         .clock(clock.clone())
         .storage(storage.clone())
         .build();
-    let app = Router::new()
-        .route("/", get(|| async { "ok" }))
-        .layer(TierLimitLayer::new(tiers).identifier_fn(identify));
+    let overflowed = Arc::new(AtomicUsize::new(0));
+    let seen = overflowed.clone();
+    let app = Router::new().route("/", get(|| async { "ok" })).layer(
+        TierLimitLayer::new(tiers)
+            .identifier_fn(identify)
+            .on_event(move |event| {
+                if let RateLimitEvent::Overflow { .. } = event {
+                    seen.fetch_add(1, Ordering::Relaxed);
+                }
+            }),
+    );
 
     let legit: Vec<String> = (0..flood.legit_users).map(|i| format!("legit-{i}")).collect();
     let mut report = Report {
@@ -139,6 +156,7 @@ pub async fn run(flood: Flood) -> Report {
     }
     report.heap_before = heap::live_bytes();
     let start = clock.now();
+    let overflowed_before = overflowed.load(Ordering::Relaxed);
 
     let mut user = String::with_capacity(24);
     let mut peak = 0usize;
@@ -158,6 +176,7 @@ pub async fn run(flood: Flood) -> Report {
         let _ = write!(user, "flood-{i}");
         match send(&app, &user).await {
             (StatusCode::OK, true) => report.flood_counted += 1,
+            (StatusCode::TOO_MANY_REQUESTS, true) => report.flood_limited += 1,
             (StatusCode::OK, false) => report.flood_uncounted += 1,
             _ => report.flood_other += 1,
         }
@@ -174,6 +193,8 @@ pub async fn run(flood: Flood) -> Report {
         }
     }
     peak = peak.max(heap::live_bytes());
+    // the legitimate users' requests are all in their own buckets
+    report.flood_overflow = overflowed.load(Ordering::Relaxed) - overflowed_before;
     report.heap_peak_growth = peak.saturating_sub(report.heap_before);
     report.fake_elapsed = Duration::from_nanos(clock.now() - start);
     report.len_after_flood = storage.len();
@@ -225,16 +246,26 @@ pub fn key(i: usize) -> String {
 /// [`QUOTA`]) holding `n` keys [`key`]`(0..n)`, checked through
 /// [`RateTier::check`].
 pub fn bytes_per_key_ours(n: usize) -> f64 {
+    bytes_per_key_with_id_len(n, 12)
+}
+
+/// Live heap bytes per key of our [`MemoryStorage`] (one-band tier
+/// `free`, [`QUOTA`]) holding `n` keys whose user ids are `id_len` bytes
+/// long (at least 12: [`key`]`(i)` padded with `x`).
+pub fn bytes_per_key_with_id_len(n: usize, id_len: usize) -> f64 {
     let tiers = RateTier::builder()
         .tier("free", QUOTA)
         .clock(FakeClock::new())
         .storage(MemoryStorage::builder().max_keys(n).build())
         .build();
     let before = heap::live_bytes();
-    let mut buf = String::with_capacity(16);
+    let mut buf = String::with_capacity(id_len.max(16));
     for i in 0..n {
         buf.clear();
         buf.push_str(&key(i));
+        while buf.len() < id_len {
+            buf.push('x');
+        }
         let done = now_or_never(tiers.check(&buf, "free", 1));
         assert!(matches!(done, Some(Ok(Ok(_)))), "key {i} was not admitted");
     }

@@ -4,14 +4,58 @@ use crate::storage::StorageError;
 use crate::tier::RateLimited;
 
 /// Something the limiter decided that an operator may want to know; see
-/// [`TierLimitLayer::on_event`](crate::TierLimitLayer::on_event). The same events are emitted as `tracing`
-/// events (target `tower_rate_tier`).
+/// [`TierLimitLayer::on_event`](crate::TierLimitLayer::on_event). The same
+/// events are written as `tracing` events (target `tower_rate_tier`; the
+/// warnings a client can cause at will at most once per 10 s each).
+///
+/// **No event carries a user id.** Every `user` field holds the id's
+/// pseudonym: 8 hex digits of a hash keyed with a random key of the
+/// limiter's own, the same for one id throughout the limiter's life, and the
+/// same the limiter's log lines show, so events and logs of one client can
+/// be correlated without the id being written anywhere.
+/// [`TierLimitLayer::user_pseudonym`](crate::TierLimitLayer::user_pseudonym)
+/// gives a known id's pseudonym (to find a customer's lines). Metrics should
+/// not be labelled with pseudonyms either: there are as many as clients. A
+/// `tier` field holds a configured tier's name, except in
+/// [`UnknownTier`](Self::UnknownTier).
+///
+/// ```
+/// # #[cfg(feature = "axum")]
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// use std::sync::{Arc, Mutex};
+/// use axum::{Router, body::Body, routing::get};
+/// use http::Request;
+/// use tower::ServiceExt;
+/// use tower_rate_tier::{Quota, RateLimitEvent, RateTier, TierIdentity, TierLimitLayer};
+///
+/// let seen = Arc::new(Mutex::new(Vec::new()));
+/// let log = seen.clone();
+/// let tiers = RateTier::builder().tier("free", Quota::per_minute(1)).build();
+/// let layer = TierLimitLayer::new(tiers)
+///     .identifier_fn(|_| Some(TierIdentity::new("ada@example.com", "free")))
+///     .on_event(move |event| {
+///         if let RateLimitEvent::Limited { user, .. } = event {
+///             log.lock().unwrap().push(user.to_string());
+///         }
+///     });
+/// let pseudonym = layer.user_pseudonym("ada@example.com");
+/// let app = Router::new().route("/", get(|| async { "ok" })).layer(layer);
+/// for _ in 0..2 {
+///     app.clone().oneshot(Request::get("/").body(Body::empty()).unwrap()).await.unwrap();
+/// }
+/// assert_eq!(*seen.lock().unwrap(), [pseudonym.clone()]);
+/// assert_eq!(pseudonym.len(), 8);
+/// # }
+/// # #[cfg(not(feature = "axum"))]
+/// # fn main() {}
+/// ```
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum RateLimitEvent<'a> {
     /// A request was refused with 429.
     Limited {
-        /// The user.
+        /// The user's pseudonym (never the id).
         user: &'a str,
         /// The cost that did not fit.
         cost: u32,
@@ -31,7 +75,7 @@ pub enum RateLimitEvent<'a> {
     /// A request cost more than its tier's burst and was refused with 403
     /// (or, in shadow mode, let through).
     CostExceedsLimit {
-        /// The user.
+        /// The user's pseudonym (never the id).
         user: &'a str,
         /// The tier.
         tier: &'a str,
@@ -42,7 +86,7 @@ pub enum RateLimitEvent<'a> {
     },
     /// The storage failed; `allowed` tells what [`OnStorageError`](crate::OnStorageError) made of it.
     StorageError {
-        /// The user.
+        /// The user's pseudonym (never the id).
         user: &'a str,
         /// The tier.
         tier: &'a str,
@@ -53,9 +97,22 @@ pub enum RateLimitEvent<'a> {
     },
     /// The identifier named a tier that is not configured.
     UnknownTier {
-        /// The user.
+        /// The user's pseudonym (never the id).
         user: &'a str,
-        /// The unknown tier name.
+        /// The unknown tier name, as the client may have chosen it: its
+        /// first 64 characters, escaped as in a Rust string literal (`…`
+        /// after a cut).
+        tier: &'a str,
+    },
+    /// The storage had no room for the user's own bucket (the memory
+    /// storage at its key cap): the request was decided in the bucket its
+    /// tier shares between all such users, with the tier's quota (see
+    /// [`MemoryStorage`](crate::storage::MemoryStorage)). A `Limited` event
+    /// follows when that bucket refused it.
+    Overflow {
+        /// The user's pseudonym (never the id).
+        user: &'a str,
+        /// The tier.
         tier: &'a str,
     },
     /// The client was not identified (or its user id was empty or too long).

@@ -1,7 +1,25 @@
 //! The refusals the limiter answers with, and the events and log lines that
 //! go with them.
+//!
+//! What a client controls never reaches a log line or an event as it is:
+//!
+//! * user ids are written as their [`Pseudonym`]: 8 hex digits of a SipHash
+//!   keyed with a random key of the limiter's own, the same for one id
+//!   throughout the limiter's life (to correlate lines), useless to anyone
+//!   without the key (to recover the id);
+//! * tier names an identifier reported but the configuration does not know
+//!   are cut to their first 64 characters, control characters and quotes
+//!   escaped;
+//! * warnings a client can cause at will (unknown tiers, costs above the
+//!   burst, storage failures, failed refunds) are written at most once per
+//!   10 s each, with the number of occurrences since the last one written.
+//!   Events are not throttled: each refusal reports its own.
 
+use std::fmt;
+use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
 use bytes::Bytes;
 use http::{Response, StatusCode};
@@ -17,8 +35,14 @@ use crate::tier::{CheckError, RateLimited};
 pub(crate) type EventFn = dyn Fn(&RateLimitEvent<'_>) + Send + Sync;
 pub(crate) type LimitedFn = dyn Fn(&RateLimited) -> Response<Bytes> + Send + Sync;
 
-/// How a limiter refuses and reports: its storage-error policy and the
-/// user's hooks.
+/// A client-chosen tier name is shown up to this many characters.
+const MAX_SHOWN_TIER: usize = 64;
+
+/// A warning a client can cause is written at most once per this many ms.
+const WARN_EVERY_MS: u64 = 10_000;
+
+/// How a limiter refuses and reports: its storage-error policy, the user's
+/// hooks, the key of its pseudonyms and the state of its throttled warnings.
 #[derive(Clone, Default)]
 pub(crate) struct Refusals {
     /// Which rate-limit fields a 429 carries besides `Retry-After`.
@@ -26,13 +50,136 @@ pub(crate) struct Refusals {
     pub(crate) on_storage_error: OnStorageError,
     pub(crate) on_event: Option<Arc<EventFn>>,
     pub(crate) on_limited: Option<Arc<LimitedFn>>,
+    pub(crate) pseudonyms: Pseudonyms,
+    warnings: Arc<Warnings>,
+}
+
+/// Names user ids in logs and events by a keyed hash (SipHash-1-3 under a
+/// random key drawn when the limiter is built).
+#[derive(Clone, Default)]
+pub(crate) struct Pseudonyms(RandomState);
+
+impl Pseudonyms {
+    /// `user`'s pseudonym under this limiter's key.
+    pub(crate) fn of(&self, user: &str) -> Pseudonym {
+        let hash = self.0.hash_one(user.as_bytes());
+        let mut hex = [0u8; 8];
+        for (i, digit) in hex.iter_mut().enumerate() {
+            let nibble = (hash >> (60 - 4 * i)) & 0xf;
+            *digit = b"0123456789abcdef"[nibble as usize];
+        }
+        Pseudonym(hex)
+    }
+}
+
+/// A user id's pseudonym: 8 lowercase hex digits.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Pseudonym([u8; 8]);
+
+impl Pseudonym {
+    pub(crate) fn as_str(&self) -> &str {
+        // Hex digits are ASCII.
+        std::str::from_utf8(&self.0).unwrap_or("????????")
+    }
+}
+
+impl fmt::Display for Pseudonym {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl fmt::Debug for Pseudonym {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A client-chosen string as logs and events show it: its first
+/// [`MAX_SHOWN_TIER`] characters, escaped as in a Rust string literal, `…`
+/// after a cut.
+pub(crate) fn shown(client: &str) -> String {
+    let mut out: String = client
+        .chars()
+        .take(MAX_SHOWN_TIER)
+        .flat_map(char::escape_debug)
+        .collect();
+    if client.chars().nth(MAX_SHOWN_TIER).is_some() {
+        out.push('…');
+    }
+    out
+}
+
+/// One kind of warning, written at most once per [`WARN_EVERY_MS`].
+#[derive(Default)]
+struct Throttle {
+    /// When it was last written, in ms since [`Warnings::start`] plus one
+    /// (0: never).
+    last: AtomicU64,
+    /// Occurrences not written since.
+    skipped: AtomicU64,
+}
+
+impl Throttle {
+    /// `Some(skipped)` when the warning is to be written now (with the
+    /// number of occurrences not written since the last one), else `None`.
+    fn due(&self, now_ms: u64) -> Option<u64> {
+        let now = now_ms.saturating_add(1);
+        let last = self.last.load(Ordering::Relaxed);
+        if (last == 0 || now.saturating_sub(last) >= WARN_EVERY_MS)
+            && self
+                .last
+                .compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        {
+            return Some(self.skipped.swap(0, Ordering::Relaxed));
+        }
+        self.skipped.fetch_add(1, Ordering::Relaxed);
+        None
+    }
+}
+
+/// The throttles of the warnings a client can cause, shared by the clones of
+/// one limiter.
+struct Warnings {
+    start: Instant,
+    storage: Throttle,
+    unknown_tier: Throttle,
+    cost: Throttle,
+    check: Throttle,
+    refund: Throttle,
+}
+
+impl Default for Warnings {
+    fn default() -> Self {
+        Warnings {
+            start: Instant::now(),
+            storage: Throttle::default(),
+            unknown_tier: Throttle::default(),
+            cost: Throttle::default(),
+            check: Throttle::default(),
+            refund: Throttle::default(),
+        }
+    }
+}
+
+impl Warnings {
+    fn due(&self, throttle: &Throttle) -> Option<u64> {
+        let ms = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        throttle.due(ms)
+    }
 }
 
 impl Refusals {
     /// The refusal of a request that did not fit (429), with its headers.
     pub(crate) fn limited(&self, user: &str, cost: u32, limited: &RateLimited) -> Response<Bytes> {
-        tracing::debug!(target: "tower_rate_tier", user, tier = limited.tier(), cost, retry_after_secs = limited.retry_after_secs(), "rate limited");
-        self.event(&RateLimitEvent::Limited { user, cost, limited });
+        let user = self.pseudonyms.of(user);
+        tracing::debug!(target: "tower_rate_tier", %user, tier = limited.tier(), cost, retry_after_secs = limited.retry_after_secs(), "rate limited");
+        self.event(&RateLimitEvent::Limited {
+            user: user.as_str(),
+            cost,
+            limited,
+        });
         let mut response = match &self.on_limited {
             Some(hook) => hook(limited),
             None => too_many_requests(limited),
@@ -60,9 +207,12 @@ impl Refusals {
         error: &StorageError,
     ) -> Option<Response<Bytes>> {
         let allowed = self.on_storage_error == OnStorageError::Allow;
-        tracing::warn!(target: "tower_rate_tier", user, tier, %error, allowed, "rate-limit storage failed");
+        let user = self.pseudonyms.of(user);
+        if let Some(skipped) = self.warnings.due(&self.warnings.storage) {
+            tracing::warn!(target: "tower_rate_tier", %user, tier, %error, allowed, skipped, "rate-limit storage failed");
+        }
         self.event(&RateLimitEvent::StorageError {
-            user,
+            user: user.as_str(),
             tier,
             error,
             allowed,
@@ -84,11 +234,14 @@ impl Refusals {
         cost: u32,
         error: &CheckError,
     ) -> Response<Bytes> {
+        let user = self.pseudonyms.of(user);
         match error {
             CheckError::CostExceedsLimit { tier, cost, limit } => {
-                tracing::warn!(target: "tower_rate_tier", user, tier, cost, limit, "request cost exceeds the tier's burst");
+                if let Some(skipped) = self.warnings.due(&self.warnings.cost) {
+                    tracing::warn!(target: "tower_rate_tier", %user, tier, cost, limit, skipped, "request cost exceeds the tier's burst");
+                }
                 self.event(&RateLimitEvent::CostExceedsLimit {
-                    user,
+                    user: user.as_str(),
                     tier,
                     cost: *cost,
                     limit: *limit,
@@ -96,13 +249,51 @@ impl Refusals {
                 cost_exceeds_limit(tier, *cost, *limit)
             }
             other => {
-                tracing::warn!(target: "tower_rate_tier", user, tier, cost, error = %other, "rate-limit check failed");
+                if let Some(skipped) = self.warnings.due(&self.warnings.check) {
+                    tracing::warn!(target: "tower_rate_tier", %user, tier, cost, error = %other, skipped, "rate-limit check failed");
+                }
                 problem(
                     StatusCode::BAD_REQUEST,
                     "the request could not be rate-limited",
                     serde_json::Value::Null,
                 )
             }
+        }
+    }
+
+    /// An identifier named a tier the configuration does not have.
+    pub(crate) fn unknown_tier(&self, user: &str, tier: &str, policy: &dyn fmt::Debug) {
+        let user = self.pseudonyms.of(user);
+        let due = self.warnings.due(&self.warnings.unknown_tier);
+        if due.is_none() && self.on_event.is_none() {
+            return;
+        }
+        let tier = shown(tier);
+        if let Some(skipped) = due {
+            tracing::warn!(target: "tower_rate_tier", %user, tier, ?policy, skipped, "unknown tier");
+        }
+        self.event(&RateLimitEvent::UnknownTier {
+            user: user.as_str(),
+            tier: &tier,
+        });
+    }
+
+    /// A request was decided in its tier's overflow bucket (the storage
+    /// logs that itself).
+    pub(crate) fn overflow(&self, user: &str, tier: &str) {
+        if self.on_event.is_some() {
+            let user = self.pseudonyms.of(user);
+            self.event(&RateLimitEvent::Overflow {
+                user: user.as_str(),
+                tier,
+            });
+        }
+    }
+
+    /// A refund the storage could not make: the request stays over-charged.
+    pub(crate) fn refund_failed(&self, error: &CheckError) {
+        if let Some(skipped) = self.warnings.due(&self.warnings.refund) {
+            tracing::warn!(target: "tower_rate_tier", %error, skipped, "rate-limit refund failed");
         }
     }
 
@@ -126,4 +317,40 @@ pub(crate) fn missing_limiter(cost: u32) -> Response<Bytes> {
         "this route declares a rate-limit cost but no rate limiter runs before it; the request was refused",
         serde_json::json!({ "cost": cost }),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pseudonyms_are_stable_per_limiter_and_keyed() {
+        let a = Pseudonyms::default();
+        let b = Pseudonyms::default();
+        assert_eq!(a.of("ada").as_str(), a.clone().of("ada").as_str());
+        assert_eq!(a.of("ada").as_str().len(), 8);
+        assert!(a.of("ada").as_str().bytes().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a.of("ada"), a.of("bob"));
+        // another limiter, another key
+        assert_ne!(a.of("ada"), b.of("ada"));
+    }
+
+    #[test]
+    fn client_strings_are_cut_and_escaped() {
+        assert_eq!(shown("gold"), "gold");
+        assert_eq!(shown("a\nb\u{1b}[31m\"c"), "a\\nb\\u{1b}[31m\\\"c");
+        let long = "x".repeat(10_000);
+        assert_eq!(shown(&long), format!("{}…", "x".repeat(64)));
+    }
+
+    #[test]
+    fn a_throttle_writes_once_per_period_and_counts_the_rest() {
+        let t = Throttle::default();
+        assert_eq!(t.due(0), Some(0));
+        assert_eq!(t.due(5), None);
+        assert_eq!(t.due(9_998), None);
+        assert_eq!(t.due(10_000), Some(2));
+        assert_eq!(t.due(10_001), None);
+        assert_eq!(t.due(25_000), Some(1));
+    }
 }

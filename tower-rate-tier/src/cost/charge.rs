@@ -157,6 +157,15 @@ impl Charge {
         let Some((method, path)) = &self.route else {
             return;
         };
+        // A method the route has no handler for: axum's 405 (or a 501) comes
+        // from a fallback that the route's layers wrap too, so a declaration
+        // may have run for a method the route does not serve.
+        if matches!(
+            response.status(),
+            http::StatusCode::METHOD_NOT_ALLOWED | http::StatusCode::NOT_IMPLEMENTED
+        ) {
+            return;
+        }
         let learned = &self.ledger.learned;
         match state.declared {
             // Learned also from refused requests, so that a cost above the
@@ -207,7 +216,7 @@ impl Charge {
                     }
                 }
                 // Over-charged rather than under-charged; still admitted.
-                Err(e) => tracing::warn!(error = %e, "rate-limit refund failed"),
+                Err(e) => self.ledger.refusals.refund_failed(&e),
             }
             return Ok(());
         }
@@ -298,7 +307,7 @@ impl Charge {
 
     async fn give_back(&self, units: u32) {
         if let Err(e) = self.ledger.tiers.give_back(&self.user, &self.tier, units).await {
-            tracing::warn!(error = %e, "rate-limit refund failed");
+            self.ledger.refusals.refund_failed(&e);
         }
     }
 
@@ -346,7 +355,7 @@ impl Charge {
 impl fmt::Debug for Charge {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Charge")
-            .field("user", &self.user)
+            .field("user", &self.ledger.refusals.pseudonyms.of(&self.user))
             .field("state", &*self.lock())
             .finish_non_exhaustive()
     }

@@ -64,7 +64,10 @@
 //! pre-charge, decides the full cost afresh, and answers 429 if it still does
 //! not fit) or refunds the excess. The limiter learns each route's declared
 //! cost from the first request that reaches it, so from then on a request
-//! costs exactly one storage operation.
+//! costs exactly one storage operation. Only requests the router routes to a
+//! handler teach it: a 405 or 501 answer (a route's layers wrap axum's 405
+//! fallback too) and a method outside the nine standard ones are priced
+//! afresh each time, so method names a client makes up cost no memory.
 //!
 //! A declaration that runs on only some requests of a route (behind a cache
 //! layer that answers the others, say) is still charged exactly where it

@@ -167,7 +167,10 @@ use crate::tier::IntoTierName;
 /// optionally quotas of its own ([`with_quotas`](Self::with_quotas)).
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct TierIdentity {
-    /// The user id the quota is counted against (1 to 1024 bytes).
+    /// The user id the quota is counted against: 1 to
+    /// [`MAX_USER_ID_LEN`](crate::tier::MAX_USER_ID_LEN) (256) bytes; the
+    /// layer treats any other as unidentified
+    /// ([`OnMissing`](crate::OnMissing)).
     pub user_id: String,
     /// The tier's name.
     pub tier: Cow<'static, str>,

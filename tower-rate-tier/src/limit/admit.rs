@@ -12,7 +12,7 @@ use crate::event::RateLimitEvent;
 use crate::identity::{ANONYMOUS_PREFIX, TierIdentity};
 use crate::policy::{OnMissing, OnUnknownTier};
 use crate::problem::problem;
-use crate::storage::Decide;
+use crate::storage::{Decide, DecisionSource};
 use crate::tier::{CheckError, CheckResult, MAX_USER_ID_LEN, TierEntry, conclude};
 
 /// What the limiter decided about a request.
@@ -217,6 +217,12 @@ impl Shared {
                 shadowed,
             );
         }
+        if let Ok(decided) = &result {
+            let source = decided.as_ref().map_or_else(|l| l.source(), |i| i.source());
+            if source == DecisionSource::Overflow {
+                self.ledger.refusals.overflow(&user, &tier.name);
+            }
+        }
         match result {
             Ok(Ok(info)) => {
                 // A route whose cost is learned needs no more learning: a
@@ -319,11 +325,9 @@ impl Shared {
         head: &mut impl Head,
         identity: &TierIdentity,
     ) -> Result<Arc<TierEntry>, Admission> {
-        let (user, tier) = (&*identity.user_id, &*identity.tier);
-        tracing::warn!(target: "tower_rate_tier", user, tier, policy = ?self.on_unknown_tier, "unknown tier");
         self.ledger
             .refusals
-            .event(&RateLimitEvent::UnknownTier { user, tier });
+            .unknown_tier(&identity.user_id, &identity.tier, &self.on_unknown_tier);
         #[cfg(feature = "metrics")]
         if let Some(counters) = &self.metrics {
             counters.unknown_tier(self.on_unknown_tier, self.ledger.tiers.default_entry().is_some());

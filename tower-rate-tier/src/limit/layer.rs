@@ -319,6 +319,14 @@ impl TierLimitLayer {
         self
     }
 
+    /// The pseudonym this layer's log lines and [`RateLimitEvent`]s give
+    /// `user_id` (8 hex digits of a hash under a random key of this
+    /// layer's own, drawn by [`TierLimitLayer::new`]): to find one
+    /// customer's lines. Clones of the layer share it.
+    pub fn user_pseudonym(&self, user_id: &str) -> String {
+        self.shared.ledger.refusals.pseudonyms.of(user_id).to_string()
+    }
+
     /// The tiers this layer limits with.
     pub fn tiers(&self) -> &RateTier {
         &self.shared.ledger.tiers

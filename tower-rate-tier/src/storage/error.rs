@@ -24,6 +24,9 @@ pub enum StorageErrorKind {
     /// The backend could not be reached.
     Unavailable,
     /// The storage tracks as many keys as it may; a new key was refused.
+    /// (The memory storage never answers it: at its cap it decides new keys
+    /// in a shared overflow bucket, see
+    /// [`MemoryStorage`](crate::storage::MemoryStorage).)
     Full,
     /// Anything else (a bad reply, a refused command, ...).
     Other,

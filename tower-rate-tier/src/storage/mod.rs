@@ -117,6 +117,10 @@ pub enum DecisionSource {
     /// The storage the limiter was built with.
     #[default]
     Storage,
+    /// The storage had no room for the key (the memory storage at its key
+    /// cap): decided in the bucket its tier shares between every identity
+    /// without room of its own, with the tier's quota.
+    Overflow,
 }
 
 /// The states of every band after a decision, in the tier's band order.

@@ -8,11 +8,15 @@ use std::time::Duration;
 use super::TierEntry;
 use crate::clock::Nanos;
 use crate::quota::Quota;
-use crate::storage::{BandState, BandStates, Decision, StorageError};
+use crate::storage::{BandState, BandStates, Decision, DecisionSource, StorageError};
 
 /// The longest user id [`RateTier::check`](crate::RateTier::check) accepts,
-/// in bytes.
-pub const MAX_USER_ID_LEN: usize = 1024;
+/// in bytes. The layer treats an identity with a longer id as unidentified
+/// ([`OnMissing`](crate::OnMissing)). It bounds what one tracked key costs
+/// the memory storage, whose cap counts keys (see
+/// [`MemoryStorage`](crate::storage::MemoryStorage)): hash or look up longer
+/// client credentials in the identifier and pass a short id.
+pub const MAX_USER_ID_LEN: usize = 256;
 
 /// The outcome of [`RateTier::check`](crate::RateTier::check).
 pub type CheckResult = Result<Result<RateLimitInfo, RateLimited>, CheckError>;
@@ -51,6 +55,8 @@ pub(crate) struct Detail {
     pub(crate) bands: BandStates,
     /// The index of the reported band.
     pub(crate) band: usize,
+    /// Who decided.
+    pub(crate) source: DecisionSource,
 }
 
 macro_rules! outcome_accessors {
@@ -80,6 +86,14 @@ macro_rules! outcome_accessors {
             /// Unix epoch.
             pub fn decided_at(&self) -> Nanos {
                 self.detail.now
+            }
+
+            /// Who decided: the user's own bucket
+            /// ([`DecisionSource::Storage`]), or a bucket shared by the
+            /// identities a full storage had no room for
+            /// ([`DecisionSource::Overflow`]).
+            pub fn source(&self) -> DecisionSource {
+                self.detail.source
             }
 
             /// When the reported band is full again, in Unix seconds
@@ -121,7 +135,7 @@ impl RateLimitInfo {
             state.reset_after_ns = u64::try_from(used).unwrap_or(u64::MAX);
             state.remaining = u32::try_from((tolerance - used.min(tolerance)) / interval).unwrap_or(u32::MAX);
         }
-        let decision = Decision::new(true, self.detail.now, bands);
+        let decision = Decision::new(true, self.detail.now, bands).with_source(self.detail.source);
         if let Ok(info) = outcome(&self.detail.tier, decision) {
             *self = info;
         }
@@ -138,6 +152,7 @@ impl RateLimitInfo {
                 now,
                 bands: BandStates::new(),
                 band: 0,
+                source: DecisionSource::Storage,
             },
         }
     }
@@ -172,6 +187,7 @@ pub(crate) fn outcome(tier: &Arc<TierEntry>, d: Decision) -> Result<RateLimitInf
         now: d.now,
         bands: d.bands,
         band,
+        source: d.source,
     };
     let reset_after = Duration::from_nanos(state.reset_after_ns);
     if d.allowed {

@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use super::{Inner, Tats};
 use crate::clock::{Clock, Nanos, SystemClock};
-use crate::storage::{StorageError, StorageErrorKind};
 
 /// At the key cap, an inline sweep of expired keys runs at most this often
 /// (in the storage clock's time).
@@ -46,10 +45,10 @@ impl Inner {
     }
 
     /// Takes one slot under the key cap, reclaiming expired keys first when
-    /// the cap is reached.
-    pub(super) fn reserve_slot(&self, now: Nanos) -> Result<(), StorageError> {
+    /// the cap is reached; `false` when the storage is still full.
+    pub(super) fn reserve_slot(&self, now: Nanos) -> bool {
         if self.len.fetch_add(1, Ordering::Relaxed) < self.max_keys {
-            return Ok(());
+            return true;
         }
         self.len.fetch_sub(1, Ordering::Relaxed);
         let last = self.last_inline_sweep.load(Ordering::Relaxed);
@@ -64,18 +63,11 @@ impl Inner {
         {
             self.sweep_at(now);
             if self.len.fetch_add(1, Ordering::Relaxed) < self.max_keys {
-                return Ok(());
+                return true;
             }
             self.len.fetch_sub(1, Ordering::Relaxed);
         }
-        tracing::warn!(
-            max_keys = self.max_keys,
-            "rate-limit memory storage is full; a new key was refused"
-        );
-        Err(StorageError::new(
-            StorageErrorKind::Full,
-            "the memory storage tracks `max_keys` keys; a new key was refused",
-        ))
+        false
     }
 
     pub(super) fn sweep(&self) -> usize {
@@ -100,6 +92,11 @@ impl Inner {
             shrink_if_sparse(&scope.single);
             shrink_if_sparse(&scope.multi);
         }
+        // Overflow buckets are not counted in `len`.
+        self.overflow
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|_, tats| tats.iter().any(|&(_, tat)| tat > now));
         self.len.fetch_sub(removed, Ordering::Relaxed);
         removed
     }

@@ -7,11 +7,14 @@ use std::time::Duration;
 
 use dashmap::mapref::entry::Entry;
 
+#[cfg(doc)]
+use super::DecisionSource;
 use super::{BandName, Decide, Decision, MAX_BANDS, Op, Storage, StorageError, StorageErrorKind, StorageKey};
 use crate::clock::{Clock, Nanos};
 use crate::quota::Quota;
 
 mod gc;
+mod overflow;
 mod scope;
 
 use scope::Scopes;
@@ -49,9 +52,25 @@ const DEFAULT_GC_INTERVAL: Duration = Duration::from_secs(60);
 /// * At most [`max_keys`](MemoryStorageBuilder::max_keys) keys (default
 ///   1,000,000) are tracked. When a new key arrives at the cap, expired keys
 ///   are reclaimed first (an inline sweep, at most once per second); if the
-///   storage is still full the new key is refused with a
-///   [`StorageErrorKind::Full`] error. Tracked keys are never evicted, so a
-///   flood of new identities cannot reset anybody's quota.
+///   storage is still full, the new identity is decided in its tier's
+///   **overflow bucket**: one bucket per namespace and tier, shared by every
+///   identity that has no room of its own, with the tier's quota. Nobody
+///   passes uncounted: a flood of new identities gets one quota between
+///   them, tracked keys are never evicted (nobody's quota is reset), and a
+///   new user is admitted while the flood leaves room in the shared bucket.
+///   Such decisions report [`DecisionSource::Overflow`] (the layer emits
+///   [`RateLimitEvent::Overflow`](crate::RateLimitEvent::Overflow)), and the
+///   storage logs a warning at most once per 10 s with their count. A refund
+///   of an identity without a key of its own gives nothing back.
+/// * The cap counts keys, not bytes. A key holds the user id (at most
+///   [`MAX_USER_ID_LEN`](crate::tier::MAX_USER_ID_LEN), 256 bytes, through
+///   [`RateTier`](crate::RateTier)) and a TAT, in a table slot of its
+///   scope. Measured live heap per key at 1,000,000 keys (one-band tier
+///   `free`): about 70 bytes with 12-byte ids and 310 with 256-byte ids (see
+///   RELIABILITY.md). So the default cap holds at most about **320 MB** of
+///   keys (75 MB of short ones), plus up to about 50 MB while a flood
+///   refills the tables after a sweep (they may double once); size
+///   `max_keys` by the memory you can give it.
 ///
 /// Clones share one map.
 ///
@@ -68,6 +87,11 @@ pub struct MemoryStorage {
 
 struct Inner {
     scopes: Scopes,
+    /// The overflow bucket of each namespace and tier (not counted in `len`).
+    overflow: std::sync::Mutex<std::collections::HashMap<Box<[u8]>, Tats, Hasher>>,
+    /// Decisions in overflow buckets since the last warning of them.
+    overflowed: AtomicU64,
+    last_overflow_warning: AtomicU64,
     len: AtomicUsize,
     max_keys: usize,
     gc_interval: Duration,
@@ -129,6 +153,9 @@ impl MemoryStorageBuilder {
         MemoryStorage {
             inner: Arc::new(Inner {
                 scopes: Scopes::default(),
+                overflow: std::sync::Mutex::default(),
+                overflowed: AtomicU64::new(0),
+                last_overflow_warning: AtomicU64::new(0),
                 len: AtomicUsize::new(0),
                 max_keys: self.max_keys,
                 gc_interval: self.gc_interval,
@@ -242,7 +269,7 @@ impl Inner {
                 *stored = tat[0].unwrap_or(now);
                 return Ok(decision);
             }
-            self.insert_one(scope, key.user, bands, op, clock)
+            self.insert_one(scope, key, bands, op, clock)
         })
     }
 
@@ -252,7 +279,7 @@ impl Inner {
     fn insert_one(
         &self,
         scope: &scope::Scope,
-        user: &str,
+        key: StorageKey<'_>,
         bands: &[Quota],
         op: Op,
         clock: &Arc<dyn Clock>,
@@ -264,8 +291,10 @@ impl Inner {
             // Denied, a peek, or a refund: nothing to keep.
             return Ok(decision);
         }
-        self.reserve_slot(now)?;
-        match scope.single.entry(Box::from(user)) {
+        if !self.reserve_slot(now) {
+            return Ok(self.decide_overflow(key, bands, op, clock));
+        }
+        match scope.single.entry(Box::from(key.user)) {
             Entry::Occupied(mut e) => {
                 // Another request inserted the key meanwhile: decide again
                 // against its state.
@@ -324,7 +353,9 @@ impl Inner {
             if new.is_none() {
                 return Ok(decision);
             }
-            self.reserve_slot(now)?;
+            if !self.reserve_slot(now) {
+                return Ok(self.decide_overflow(key, bands, op, clock));
+            }
             match scope.multi.entry(Box::from(key.user)) {
                 Entry::Occupied(mut e) => {
                     self.len.fetch_sub(1, Ordering::Relaxed);

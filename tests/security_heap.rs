@@ -1,0 +1,97 @@
+//! What client-chosen input costs the live heap, measured with a counting
+//! allocator: method names the router has no handler for, and user ids of
+//! the longest accepted length in the memory storage.
+
+use std::sync::Mutex;
+
+use axum::Router;
+use axum::body::Body;
+use axum::routing::get;
+use http::{Method, Request, StatusCode};
+use tower::ServiceExt;
+use tower_rate_tier::clock::FakeClock;
+use tower_rate_tier::tier::MAX_USER_ID_LEN;
+use tower_rate_tier::{Quota, RateTier, TierIdentity, TierLimitLayer, tier_cost};
+use tower_rate_tier_tests::{flood, heap};
+
+#[global_allocator]
+static GLOBAL: &stats_alloc::StatsAlloc<std::alloc::System> = &stats_alloc::INSTRUMENTED_SYSTEM;
+
+/// The measurements are process-wide: one test at a time.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// An extension method of 1 KiB, distinct for each `i`.
+fn method(i: usize) -> Method {
+    let mut name = format!("M{i:06}");
+    name.extend(std::iter::repeat_n('X', 1024 - name.len()));
+    Method::from_bytes(name.as_bytes()).unwrap()
+}
+
+#[test]
+fn distinct_method_names_on_a_costed_route_leave_the_heap_bounded() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let tiers = RateTier::builder()
+        .tier("free", Quota::per_minute(1_000_000))
+        .clock(FakeClock::new())
+        .build();
+    // A method router's layers wrap its 405 fallback too: `tier_cost(5)`
+    // declares its cost for every method name a client sends.
+    let app = Router::new()
+        .route("/search", get(|| async { "ok" }).layer(tier_cost(5)))
+        .layer(TierLimitLayer::new(tiers).identifier_fn(|_| Some(TierIdentity::new("ada", "free"))));
+    let call = |method: Method| {
+        let request = Request::builder()
+            .method(method)
+            .uri("/search")
+            .body(Body::empty())
+            .unwrap();
+        let response = runtime.block_on(app.clone().oneshot(request)).unwrap();
+        let remaining = response
+            .headers()
+            .get("x-ratelimit-remaining")
+            .map(|v| v.to_str().unwrap().parse::<u32>().unwrap());
+        (response.status(), remaining)
+    };
+    // warm up: the route learned for GET, the runtime and the storage's key
+    // in place
+    assert_eq!(call(Method::GET), (StatusCode::OK, Some(999_995)));
+    for i in 0..100 {
+        assert_eq!(call(method(i)).0, StatusCode::METHOD_NOT_ALLOWED);
+    }
+    let before = heap::live_bytes();
+    for i in 100..5_100 {
+        assert_eq!(call(method(i)).0, StatusCode::METHOD_NOT_ALLOWED);
+    }
+    // standard methods the route has no handler for are not learned either
+    for method in [Method::POST, Method::DELETE, Method::PATCH] {
+        assert_eq!(call(method).0, StatusCode::METHOD_NOT_ALLOWED);
+    }
+    let grown = heap::delta(before, heap::live_bytes());
+    println!("5,000 distinct 1 KiB method names: live heap grew by {grown} bytes");
+    // learned, they would hold 5,000 x 1 KiB
+    assert!(grown < 16 * 1024, "the live heap grew by {grown} bytes");
+    // the route's cost is still charged exactly, in one decision: 5 per
+    // request, 405s included (each ran the declaration)
+    let spent = 5 * (1 + 5_100 + 3);
+    assert_eq!(call(Method::GET), (StatusCode::OK, Some(1_000_000 - spent - 5)));
+}
+
+#[test]
+fn bytes_per_key_grow_with_the_id_and_nothing_else() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let n = 20_000;
+    let short = flood::bytes_per_key_with_id_len(n, 12);
+    let longest = flood::bytes_per_key_with_id_len(n, MAX_USER_ID_LEN);
+    println!(
+        "bytes per key at {n} keys: {short:.1} with 12-byte ids, {longest:.1} with {MAX_USER_ID_LEN}-byte ids"
+    );
+    // the id's bytes are allocated once per key, and nothing else grows
+    // with them
+    let extra = longest - short;
+    let id_extra = (MAX_USER_ID_LEN - 12) as f64;
+    assert!((extra - id_extra).abs() < 8.0, "{extra:.1} more bytes per key");
+}
