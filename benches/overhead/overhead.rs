@@ -90,6 +90,16 @@ fn app(mode: &str) -> Router {
                 .headers(tower_rate_tier::RateLimitHeaders::NONE);
             router.layer(layer)
         }
+        // ours counting every request through the `metrics` facade, with no
+        // recorder installed (feature `metrics` of this bench)
+        #[cfg(feature = "metrics")]
+        "ours-metrics" => {
+            let tiers = RateTier::builder()
+                .tier("free", Quota::per_hour(10_000))
+                .default_tier("free")
+                .build();
+            router.layer(TierLimitLayer::new(tiers).identifier_fn(identify).metrics(true))
+        }
         "governor" => {
             let config = GovernorConfigBuilder::default()
                 .per_millisecond(360)
