@@ -65,11 +65,13 @@ use std::task::{Context, Poll};
 use crate::clock::{Clock, Nanos};
 use crate::quota::Quota;
 
+pub mod deny_cache;
 mod error;
 mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
 
+pub use self::deny_cache::DenyCache;
 pub use self::error::{StorageError, StorageErrorKind};
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisStorage, RedisStorageBuilder};
@@ -117,6 +119,12 @@ pub enum DecisionSource {
     /// The storage the limiter was built with.
     #[default]
     Storage,
+    /// A [`DenyCache`] in process, repeating a denial the storage made for
+    /// the same key, without asking it.
+    DenyCache,
+    /// A fallback's local limiter, with its share of the quota, while the
+    /// primary storage fails.
+    Fallback,
 }
 
 /// The states of every band after a decision, in the tier's band order.
