@@ -15,6 +15,8 @@ mod deny_cache;
 mod exactness;
 #[path = "redis/failures.rs"]
 mod failures;
+#[path = "redis/fallback.rs"]
+mod fallback;
 #[path = "redis/keys.rs"]
 mod keys;
 #[path = "redis/layer.rs"]

@@ -67,12 +67,14 @@ use crate::quota::Quota;
 
 pub mod deny_cache;
 mod error;
+pub mod fallback;
 mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
 
 pub use self::deny_cache::DenyCache;
 pub use self::error::{StorageError, StorageErrorKind};
+pub use self::fallback::{Fallback, FallbackBuilder};
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisStorage, RedisStorageBuilder};
 pub use crate::gcra::BandState;
@@ -122,8 +124,8 @@ pub enum DecisionSource {
     /// A [`DenyCache`] in process, repeating a denial the storage made for
     /// the same key, without asking it.
     DenyCache,
-    /// A fallback's local limiter, with its share of the quota, while the
-    /// primary storage fails.
+    /// A [`Fallback`]'s local limiter, with its share of the quota, while
+    /// the primary storage fails.
     Fallback,
 }
 

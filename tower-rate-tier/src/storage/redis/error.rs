@@ -111,6 +111,10 @@ fn kind_of(e: &RedisError) -> StorageErrorKind {
                 | ErrorKind::Server(
                     ServerErrorKind::ClusterDown
                         | ServerErrorKind::MasterDown
+                        // a redirection still unanswered after the driver's
+                        // retry: the node serving the key is out of reach
+                        | ServerErrorKind::Moved
+                        | ServerErrorKind::Ask
                         | ServerErrorKind::TryAgain
                         | ServerErrorKind::BusyLoading
                 )
@@ -279,6 +283,7 @@ mod tests {
         ));
         let e = redis_error(Attempt::Charge, moved);
         assert!(e.to_string().ends_with("(node 127.0.0.1:6381)"), "{e}");
+        assert_eq!(e.kind(), StorageErrorKind::Unavailable);
     }
 
     #[test]

@@ -329,6 +329,23 @@ impl RedisStorage {
         self.inner.deny.is_some()
     }
 
+    /// Which part of Redis `key` lives on, for
+    /// [`FallbackBuilder::domains`](super::FallbackBuilder::domains): 0 for
+    /// every key on a single server; on a Cluster, a number for the key's
+    /// hash slot (so that one unreachable node sends only its own slots'
+    /// keys to a fallback).
+    pub fn failure_domain(&self, key: StorageKey<'_>) -> u64 {
+        use std::hash::BuildHasher;
+        match self.inner.conn {
+            Conn::Single(_) => 0,
+            Conn::Cluster(_) => {
+                let base = self.inner.keys.base_key(key);
+                let slot = redis::cluster_routing::Slot::for_key(&base[..]);
+                foldhash::fast::FixedState::default().hash_one(slot)
+            }
+        }
+    }
+
     fn from_parts(conn: Conn, settings: Settings) -> Self {
         let batch = match conn {
             Conn::Single(_) => settings.max_batch.map(Batcher::new),
