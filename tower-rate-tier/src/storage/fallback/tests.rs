@@ -218,3 +218,54 @@ fn a_cost_above_the_scaled_burst_is_a_denial_not_an_error() {
     assert!(all.allowed);
     assert_eq!(all.bands[0].remaining, 0);
 }
+
+/// Counts the fallback's warnings and info events.
+struct Events(Arc<Mutex<Vec<tracing::Level>>>);
+
+impl tracing::Subscriber for Events {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        let meta = event.metadata();
+        if meta.module_path() == Some("tower_rate_tier::storage::fallback")
+            && *meta.level() <= tracing::Level::INFO
+        {
+            self.0.lock().unwrap().push(*meta.level());
+        }
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+#[test]
+fn each_switch_is_logged_once() {
+    let clock = FakeClock::new();
+    let primary = Flaky::default();
+    let storage = Fallback::builder(primary.clone())
+        .failures_to_switch(2)
+        .probe_interval(Duration::from_secs(1))
+        .build();
+    let bands = [Quota::per_minute(40)];
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    tracing::subscriber::with_default(Events(seen.clone()), || {
+        primary.fail(&[""]);
+        for _ in 0..10 {
+            decide(&storage, "dee", &bands, 1, &clock).unwrap();
+        }
+        primary.fail(&[]);
+        clock.advance(Duration::from_secs(1));
+        for _ in 0..10 {
+            decide(&storage, "dee", &bands, 1, &clock).unwrap();
+        }
+    });
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [tracing::Level::WARN, tracing::Level::INFO]
+    );
+}

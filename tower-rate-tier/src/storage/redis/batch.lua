@@ -35,6 +35,9 @@ local function server_now()
 end
 
 local out = {}
+-- one decision's keys and arguments; the tables are reused from one
+-- decision to the next (`decide` keeps no reference to them)
+local keys, argv, width = {}, {}, 0
 local k, a = 1, 3
 for i = 1, count do
   local n = tonumber(ARGV[a])
@@ -45,7 +48,12 @@ for i = 1, count do
   if now == "" then
     now = server_now()
   end
-  local keys, argv = {}, { ARGV[a + 1], now }
+  for j = n + 1, width do
+    keys[j] = nil
+    argv[2 + 3 * j - 2], argv[2 + 3 * j - 1], argv[2 + 3 * j] = nil, nil, nil
+  end
+  width = n
+  argv[1], argv[2] = ARGV[a + 1], now
   for j = 1, n do
     keys[j] = KEYS[k + j - 1]
   end
