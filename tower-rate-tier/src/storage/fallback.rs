@@ -8,6 +8,8 @@
 //!   instances share the quota; see [Scaling](#scaling)). The layer sees a
 //!   decision, never the error: no 503 and no fail-open while the primary is
 //!   down. Other errors (a refused command, a full storage) pass through.
+//!   The fallback adds no timeout of its own: the primary must bound its
+//!   decisions (the Redis storage does, by its timeout).
 //! * **Switch.** After [`failures_to_switch`](FallbackBuilder::failures_to_switch)
 //!   consecutive failures (default 3), decisions are answered locally
 //!   without trying the primary, so they cost no timeout.
