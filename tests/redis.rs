@@ -5,12 +5,18 @@
 use tower_rate_tier::storage::{RedisStorage, StorageKey};
 use tower_rate_tier::{Quota, RateTier};
 
+#[path = "redis/batching.rs"]
+mod batching;
 #[path = "redis/cluster.rs"]
 mod cluster;
+#[path = "redis/deny_cache.rs"]
+mod deny_cache;
 #[path = "redis/exactness.rs"]
 mod exactness;
 #[path = "redis/failures.rs"]
 mod failures;
+#[path = "redis/fallback.rs"]
+mod fallback;
 #[path = "redis/keys.rs"]
 mod keys;
 #[path = "redis/layer.rs"]
@@ -30,6 +36,17 @@ pub(crate) fn key<'a>(tier: &'a str, user: &'a str) -> StorageKey<'a> {
 
 pub(crate) async fn storage(url: &str) -> RedisStorage {
     RedisStorage::connect(url)
+        .await
+        .expect("connect to the test Redis")
+}
+
+/// A storage whose every decision is a script call of its own: no batch,
+/// no deny cache (for tests of the script itself).
+pub(crate) async fn script_only(url: &str) -> RedisStorage {
+    RedisStorage::builder(url)
+        .batching(false)
+        .deny_cache(false)
+        .connect()
         .await
         .expect("connect to the test Redis")
 }

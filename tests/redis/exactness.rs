@@ -114,6 +114,7 @@ async fn script_matches_the_reference_gcra() {
     let redis = RedisStorage::builder(server.url())
         .client_clock(clock.clone())
         .prefix("trt-ref")
+        .deny_cache(false)
         .connect()
         .await
         .unwrap();

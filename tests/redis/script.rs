@@ -3,14 +3,14 @@
 use tower_rate_tier::{Quota, RateTier};
 use tower_rate_tier_tests::redis::RedisServer;
 
-use super::{storage, tiers};
+use super::{script_only, storage, tiers};
 
 #[tokio::test]
 async fn one_script_call_per_decision() {
     let Some(server) = RedisServer::start() else {
         return;
     };
-    let redis = storage(&server.url()).await;
+    let redis = script_only(&server.url()).await;
     let tiers = RateTier::builder()
         .tier("free", Quota::per_minute(5))
         .tier("bands", [Quota::per_second(3), Quota::per_day(100)])

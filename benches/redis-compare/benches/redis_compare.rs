@@ -1,7 +1,7 @@
 //! Checks per second of the Redis storage at 1, 16 and 64 concurrent tasks,
 //! next to the published tower-rate-tier 0.3.0's Redis storage, in the same
 //! run against the same local `redis-server` (started here, on a free
-//! loopback port).
+//! loopback port); then a spent quota hammered by 16 tasks.
 //!
 //! ```text
 //! cargo bench -p redis-compare
@@ -11,9 +11,13 @@
 //! connection from a `ConnectionManager`, with the server's `TIME`, on a
 //! quota that admits every check (so every check writes), over 1,000 users.
 //! Each level runs `ROUNDS` rounds (default 9) in which each subject runs
-//! for `SECS` seconds (default 1), 0.3.0 and ours in alternating order; the
-//! table shows the median of each and the median of the per-round ratios
-//! (ours / 0.3.0), which cancels slow drifts of the machine's load.
+//! for `SECS` seconds (default 1), 0.3.0 and ours in alternating order, then
+//! ours with batching off; the table shows the median of each and the median
+//! of the per-round ratios (ours / 0.3.0), which cancels slow drifts of the
+//! machine's load. Before each run the server's statistics are reset, so
+//! `INFO commandstats` gives that run's script calls and server time:
+//! server microseconds per decision, and decisions per call (the mean batch
+//! size).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -26,18 +30,12 @@ use trt03::storage::Storage as _;
 
 const LEVELS: [usize; 3] = [1, 16, 64];
 const USERS: usize = 1_000;
-fn secs() -> f64 {
-    std::env::var("SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(1.0)
-}
 
-fn rounds() -> usize {
-    std::env::var("ROUNDS")
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(9)
+        .unwrap_or(default)
 }
 
 fn median(values: &mut [f64]) -> f64 {
@@ -45,63 +43,149 @@ fn median(values: &mut [f64]) -> f64 {
     values.get(values.len() / 2).copied().unwrap_or(0.0)
 }
 
-#[derive(Clone, Copy, PartialEq)]
+#[derive(Clone, Copy, PartialEq, Debug)]
 enum Which {
+    /// Ours with the defaults (batching and deny cache on).
     Ours,
-    OursTwoBands,
+    /// Ours with batching off.
+    OursSingle,
     Published,
 }
 
 #[derive(Clone)]
 struct Subjects {
     ours: RedisStorage,
+    single: RedisStorage,
     published: Arc<trt03::RedisStorage>,
 }
 
-async fn run(subjects: &Subjects, which: Which, tasks: usize, secs: f64) -> f64 {
+/// What one run measured.
+#[derive(Debug, Default, Clone, Copy)]
+struct Run {
+    per_sec: f64,
+    decisions: u64,
+    admitted: u64,
+    /// Decisions that failed (a timeout on a loaded machine); not counted
+    /// in `decisions`.
+    errors: u64,
+    calls: u64,
+    server_usec: u64,
+}
+
+impl Run {
+    fn server_us_per_decision(&self) -> f64 {
+        self.server_usec as f64 / self.decisions.max(1) as f64
+    }
+
+    fn per_call(&self) -> f64 {
+        self.decisions as f64 / self.calls.max(1) as f64
+    }
+}
+
+/// `(calls, usec)` of the script commands since the last reset.
+fn script_stats(server: &RedisServer) -> (u64, u64) {
+    let info = server.cli(&["INFO", "commandstats"]);
+    let mut calls = 0;
+    let mut usec = 0;
+    for line in info.lines() {
+        let Some(rest) = line
+            .strip_prefix("cmdstat_evalsha:")
+            .or_else(|| line.strip_prefix("cmdstat_eval:"))
+        else {
+            continue;
+        };
+        for kv in rest.split(',') {
+            if let Some(n) = kv.strip_prefix("calls=") {
+                calls += n.parse::<u64>().unwrap_or(0);
+            } else if let Some(n) = kv.strip_prefix("usec=") {
+                usec += n.parse::<u64>().unwrap_or(0);
+            }
+        }
+    }
+    (calls, usec)
+}
+
+/// The quota of a run: one that admits every check, or one of a single
+/// check per day (spent after each user's first check).
+#[derive(Clone, Copy, PartialEq)]
+enum Load {
+    AdmitAll,
+    Spent,
+}
+
+/// `tasks` tasks check for `secs` seconds, each on its own walk through
+/// `users`.
+async fn run(
+    server: &RedisServer,
+    subjects: &Subjects,
+    which: Which,
+    tasks: usize,
+    secs: f64,
+    users: Arc<Vec<String>>,
+    load: Load,
+) -> Run {
+    server.cli(&["CONFIG", "RESETSTAT"]);
     let stop = Arc::new(AtomicBool::new(false));
     let count = Arc::new(AtomicU64::new(0));
-    let users: Arc<Vec<String>> = Arc::new((0..USERS).map(|i| format!("bench-user-{i}")).collect());
+    let admitted = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(AtomicU64::new(0));
     let mut handles = Vec::new();
     for t in 0..tasks {
-        let subjects = subjects.clone();
-        let stop = stop.clone();
-        let count = count.clone();
-        let users = users.clone();
+        let (subjects, stop, count, admitted, errors, users) = (
+            subjects.clone(),
+            stop.clone(),
+            count.clone(),
+            admitted.clone(),
+            errors.clone(),
+            users.clone(),
+        );
         handles.push(tokio::spawn(async move {
-            let one = [tower_rate_tier::Quota::per_second(1_000_000_000)];
-            let two = [
-                tower_rate_tier::Quota::per_second(1_000_000_000),
-                tower_rate_tier::Quota::per_day(u32::MAX),
-            ];
-            let theirs = trt03::Quota::per_second(1_000_000_000);
+            let (ours, theirs) = match load {
+                Load::AdmitAll => (
+                    [tower_rate_tier::Quota::per_second(1_000_000_000)],
+                    trt03::Quota::per_second(1_000_000_000),
+                ),
+                Load::Spent => ([tower_rate_tier::Quota::per_day(1)], trt03::Quota::per_day(1)),
+            };
             let mut i = t * 7919;
-            let mut n = 0u64;
+            let (mut n, mut ok, mut failed) = (0u64, 0u64, 0u64);
             while !stop.load(Ordering::Relaxed) {
-                i = (i + 1) % USERS;
+                i = (i + 1) % users.len();
                 let user = &users[i];
-                let ok = match which {
-                    Which::Ours | Which::OursTwoBands => {
-                        let bands: &[_] = if which == Which::Ours { &one } else { &two };
+                let allowed = match which {
+                    Which::Ours | Which::OursSingle => {
+                        let storage = if which == Which::Ours {
+                            &subjects.ours
+                        } else {
+                            &subjects.single
+                        };
                         let key = StorageKey {
                             namespace: "",
                             tier: "free",
                             user,
                         };
-                        subjects.ours.check(key, bands, 1).await.is_ok_and(|d| d.allowed)
+                        storage.check(key, &ours, 1).await.ok().map(|d| d.allowed)
                     }
                     Which::Published => {
                         let key = trt03::StorageKey::new(user, "free");
-                        matches!(
-                            subjects.published.check_and_update(key, &theirs, 1, 0).await,
-                            Ok(Ok(_))
-                        )
+                        let outcome = subjects.published.check_and_update(key, &theirs, 1, 0).await;
+                        outcome.ok().map(|o| o.is_ok())
                     }
                 };
-                assert!(ok, "a benchmark check failed or was denied");
-                n += 1;
+                match allowed {
+                    Some(allowed) => {
+                        n += 1;
+                        ok += u64::from(allowed);
+                    }
+                    None => failed += 1,
+                }
+                // a decision answered in process (a cached denial) needs no
+                // waiting: let the other tasks and the connection run
+                tokio::task::yield_now().await;
             }
             count.fetch_add(n, Ordering::Relaxed);
+            admitted.fetch_add(ok, Ordering::Relaxed);
+            errors.fetch_add(failed, Ordering::Relaxed);
         }));
     }
     let started = Instant::now();
@@ -110,7 +194,31 @@ async fn run(subjects: &Subjects, which: Which, tasks: usize, secs: f64) -> f64 
     for h in handles {
         h.await.expect("a benchmark task panicked");
     }
-    count.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
+    let elapsed = started.elapsed().as_secs_f64();
+    let (calls, server_usec) = script_stats(server);
+    let decisions = count.load(Ordering::Relaxed);
+    Run {
+        per_sec: decisions as f64 / elapsed,
+        decisions,
+        admitted: admitted.load(Ordering::Relaxed),
+        errors: errors.load(Ordering::Relaxed),
+        calls,
+        server_usec,
+    }
+}
+
+/// utime + stime of this process, in clock ticks (1/100 s).
+fn cpu_ticks() -> u64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let fields: Vec<u64> = stat
+        .rsplit(')')
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    // (the state letter is not a number: utime and stime are the 11th and 12th numbers)
+    fields.get(10).copied().unwrap_or(0) + fields.get(11).copied().unwrap_or(0)
 }
 
 #[tokio::main(flavor = "multi_thread")]
@@ -119,91 +227,137 @@ async fn main() {
         eprintln!("redis-compare: no redis-server, nothing measured");
         return;
     };
-    let ours = RedisStorage::builder(server.url())
-        .prefix("bench-ours")
-        .connect()
+    let connect = |prefix: &'static str, batching: bool| {
+        RedisStorage::builder(server.url())
+            .prefix(prefix)
+            .batching(batching)
+            .hash_secret("bench secret, not kept anywhere")
+            .connect()
+    };
+    let ours = connect("bench-ours", true).await.expect("connect (ours)");
+    let single = connect("bench-single", false)
         .await
-        .expect("connect (ours)");
+        .expect("connect (ours, single)");
     let client = redis::Client::open(server.url()).expect("client");
     let conn = client.get_connection_manager().await.expect("connect (0.3.0)");
     let published = Arc::new(trt03::RedisStorage::new(conn).key_prefix("bench-030:"));
-    let subjects = Subjects { ours, published };
-    let secs = secs();
+    let subjects = Subjects {
+        ours,
+        single,
+        published,
+    };
+    let secs = env_or("SECS", 1.0);
+    let rounds = env_or("ROUNDS", 9usize);
+    let users: Arc<Vec<String>> = Arc::new((0..USERS).map(|i| format!("bench-user-{i}")).collect());
+    let admit_all = Load::AdmitAll;
     if let Ok(only) = std::env::var("ONLY") {
-        // one configuration, for profiling: ONLY=ours|published TASKS=16
-        let which = if only == "published" {
-            Which::Published
-        } else {
-            Which::Ours
+        // one configuration, for profiling: ONLY=ours|single|published TASKS=16
+        let which = match only.as_str() {
+            "published" => Which::Published,
+            "single" => Which::OursSingle,
+            _ => Which::Ours,
         };
-        let tasks = std::env::var("TASKS")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(16);
-        server.cli(&["CONFIG", "RESETSTAT"]);
-        let cpu = || {
-            // utime + stime of this process, in clock ticks (1/100 s)
-            let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-            let fields: Vec<u64> = stat
-                .rsplit(')')
-                .next()
-                .unwrap_or("")
-                .split_whitespace()
-                .filter_map(|f| f.parse().ok())
-                .collect();
-            fields.get(10).copied().unwrap_or(0) + fields.get(11).copied().unwrap_or(0)
-        };
-        let before = cpu();
-        let rate = run(&subjects, which, tasks, secs).await;
-        let ticks = cpu() - before;
+        let tasks = env_or("TASKS", 16usize);
+        let before = cpu_ticks();
+        let r = run(&server, &subjects, which, tasks, secs, users, admit_all).await;
+        let client_us = (cpu_ticks() - before) as f64 * 10_000.0 / r.decisions.max(1) as f64;
         println!(
-            "client CPU: {:.2} us per check",
-            ticks as f64 * 10_000.0 / (rate * secs)
+            "{which:?} at {tasks} tasks: {:.0} checks/s, {:.2} server us and {client_us:.2} client CPU us \
+             per decision, {:.1} decisions per call",
+            r.per_sec,
+            r.server_us_per_decision(),
+            r.per_call()
         );
-        let stats = server.cli(&["INFO", "commandstats"]);
-        let evalsha = stats
-            .lines()
-            .find(|l| l.starts_with("cmdstat_evalsha"))
-            .unwrap_or("");
-        println!("{only} at {tasks} tasks: {rate:.0} checks/s; server: {evalsha}");
         return;
     }
-    // warm up both (script upload, connections)
-    run(&subjects, Which::Ours, 4, 0.3).await;
-    run(&subjects, Which::Published, 4, 0.3).await;
-    run(&subjects, Which::OursTwoBands, 4, 0.3).await;
+    // warm up (script uploads, connections)
+    for which in [Which::Ours, Which::Published, Which::OursSingle] {
+        run(&server, &subjects, which, 4, 0.3, users.clone(), admit_all).await;
+    }
 
-    let rounds = rounds();
     println!();
     println!(
         "Redis storage: checks per second (median of {rounds} rounds of {secs} s; ratio = median of \
-         the per-round ratios; one local redis-server)"
+         the per-round ratios; one local redis-server; server us = script time per decision from \
+         INFO commandstats; per call = decisions per script call)"
     );
     println!();
-    println!("| tasks | tower-rate-tier 0.3.0 | ours, 1 band | ratio | ours, 2 bands |");
-    println!("|------:|----------------------:|-------------:|------:|--------------:|");
+    println!(
+        "| tasks | 0.3.0 | ours (batching) | ratio | ours, batching off | server us: 0.3.0 | ours | \
+         ours, off | per call: ours |"
+    );
+    println!("|------:|------:|------:|------:|------:|------:|------:|------:|------:|");
     for tasks in LEVELS {
-        let (mut published, mut ours, mut two, mut ratios) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let mut runs: [Vec<Run>; 3] = Default::default();
+        let mut ratios = Vec::new();
         for round in 0..rounds {
             // alternate the order, so that neither always runs first
-            let (p, o) = if round % 2 == 0 {
-                let p = run(&subjects, Which::Published, tasks, secs).await;
-                (p, run(&subjects, Which::Ours, tasks, secs).await)
+            let order = if round % 2 == 0 {
+                [Which::Published, Which::Ours, Which::OursSingle]
             } else {
-                let o = run(&subjects, Which::Ours, tasks, secs).await;
-                (run(&subjects, Which::Published, tasks, secs).await, o)
+                [Which::Ours, Which::Published, Which::OursSingle]
             };
-            published.push(p);
-            ours.push(o);
-            ratios.push(o / p);
-            two.push(run(&subjects, Which::OursTwoBands, tasks, secs).await);
+            let mut this = [Run::default(); 3];
+            for which in order {
+                let slot = which as usize;
+                this[slot] = run(&server, &subjects, which, tasks, secs, users.clone(), admit_all).await;
+                runs[slot].push(this[slot]);
+            }
+            ratios.push(this[Which::Ours as usize].per_sec / this[Which::Published as usize].per_sec);
         }
+        let failed: u64 = runs.iter().flatten().map(|r| r.errors).sum();
+        if failed > 0 {
+            eprintln!("{tasks} tasks: {failed} decisions failed (timeouts), left out of the rates");
+        }
+        let med = |which: Which, f: fn(&Run) -> f64| {
+            median(&mut runs[which as usize].iter().map(f).collect::<Vec<_>>())
+        };
         println!(
-            "| {tasks:>5} | {:>21.0} | {:>12.0} | {:>5.2} | {:>13.0} |",
-            median(&mut published),
-            median(&mut ours),
+            "| {tasks:>5} | {:.0} | {:.0} | {:.2} | {:.0} | {:.2} | {:.2} | {:.2} | {:.1} |",
+            med(Which::Published, |r| r.per_sec),
+            med(Which::Ours, |r| r.per_sec),
             median(&mut ratios),
-            median(&mut two),
+            med(Which::OursSingle, |r| r.per_sec),
+            med(Which::Published, Run::server_us_per_decision),
+            med(Which::Ours, Run::server_us_per_decision),
+            med(Which::OursSingle, Run::server_us_per_decision),
+            med(Which::Ours, Run::per_call),
+        );
+    }
+
+    // A spent quota: 16 tasks hammer 100 users with a quota of one check a
+    // day (the deny cache answers; 0.3.0 asks Redis every time). Each user's
+    // first check passes (one warm-up run spends them all).
+    let spent: Arc<Vec<String>> = Arc::new((0..100).map(|i| format!("spent-user-{i}")).collect());
+    for which in [Which::Ours, Which::Published] {
+        run(&server, &subjects, which, 16, 0.3, spent.clone(), Load::Spent).await;
+    }
+    println!();
+    println!("Spent quota, 16 tasks, {secs} s per run (median of {rounds}):");
+    println!();
+    println!("| subject | denied decisions/s | script calls per denied decision |");
+    println!("|---|---:|---:|");
+    for which in [Which::Ours, Which::Published] {
+        let mut per_sec = Vec::new();
+        let mut per_denial = Vec::new();
+        for _ in 0..rounds {
+            let r = run(&server, &subjects, which, 16, secs, spent.clone(), Load::Spent).await;
+            assert_eq!(r.admitted, 0, "the quota was spent");
+            if r.errors > 0 {
+                eprintln!("spent quota, {which:?}: {} decisions failed", r.errors);
+            }
+            per_sec.push(r.per_sec);
+            per_denial.push(r.calls as f64 / r.decisions.max(1) as f64);
+        }
+        let name = if which == Which::Ours {
+            "ours (deny cache)"
+        } else {
+            "0.3.0"
+        };
+        println!(
+            "| {name} | {:.0} | {:.4} |",
+            median(&mut per_sec),
+            median(&mut per_denial)
         );
     }
     println!();

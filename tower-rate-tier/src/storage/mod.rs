@@ -65,12 +65,16 @@ use std::task::{Context, Poll};
 use crate::clock::{Clock, Nanos};
 use crate::quota::Quota;
 
+pub mod deny_cache;
 mod error;
+pub mod fallback;
 mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
 
+pub use self::deny_cache::DenyCache;
 pub use self::error::{StorageError, StorageErrorKind};
+pub use self::fallback::{Fallback, FallbackBuilder};
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisStorage, RedisStorageBuilder};
 pub use crate::gcra::BandState;
@@ -121,6 +125,12 @@ pub enum DecisionSource {
     /// cap): decided in the bucket its tier shares between every identity
     /// without room of its own, with the tier's quota.
     Overflow,
+    /// A [`DenyCache`] in process, repeating a denial the storage made for
+    /// the same key, without asking it.
+    DenyCache,
+    /// A [`Fallback`]'s local limiter, with its share of the quota, while
+    /// the primary storage fails.
+    Fallback,
 }
 
 /// The states of every band after a decision, in the tier's band order.

@@ -9,11 +9,13 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 
 use super::super::{StorageError, StorageErrorKind};
+use super::batch::DEFAULT_MAX_BATCH;
 use super::error::{Attempt, redis_error, timeout_error};
 use super::keys::KeyCodec;
 use super::link::{ClusterLink, Conn};
-use super::{DEFAULT_PREFIX, DEFAULT_TIMEOUT, RedisStorage};
+use super::{DEFAULT_PREFIX, DEFAULT_TIMEOUT, RedisStorage, Settings};
 use crate::clock::Clock;
+use crate::storage::deny_cache::DEFAULT_CAPACITY;
 
 /// Configures a [`RedisStorage`]; see [`RedisStorage::builder`],
 /// [`RedisStorage::cluster`], [`RedisStorage::with_connection_manager`] and
@@ -24,6 +26,10 @@ pub struct RedisStorageBuilder {
     timeout: Duration,
     secret: Option<Vec<u8>>,
     clock: Option<Arc<dyn Clock>>,
+    batching: bool,
+    max_batch: usize,
+    deny_cache: bool,
+    deny_cache_capacity: usize,
 }
 
 /// Where the connection comes from.
@@ -42,6 +48,10 @@ impl RedisStorageBuilder {
             timeout: DEFAULT_TIMEOUT,
             secret: None,
             clock: None,
+            batching: true,
+            max_batch: DEFAULT_MAX_BATCH,
+            deny_cache: true,
+            deny_cache_capacity: DEFAULT_CAPACITY,
         }
     }
 
@@ -99,6 +109,39 @@ impl RedisStorageBuilder {
     /// runs far ahead or behind real time only keeps keys longer or shorter.
     pub fn client_clock(mut self, clock: impl Clock) -> Self {
         self.clock = Some(Arc::new(clock));
+        self
+    }
+
+    /// Whether decisions that arrive while a call is in flight go out
+    /// together as one call (default on; see [How a decision is
+    /// made](super#how-a-decision-is-made)). Off: one script call per
+    /// decision. Ignored on a Redis Cluster, where every decision is its own
+    /// call.
+    pub fn batching(mut self, on: bool) -> Self {
+        self.batching = on;
+        self
+    }
+
+    /// The most decisions one batch carries (default 128; at least 2).
+    pub fn max_batch(mut self, max: usize) -> Self {
+        self.max_batch = max.max(2);
+        self
+    }
+
+    /// Whether denials are kept in process to deny repeated requests
+    /// without a round trip (default on; see
+    /// [`DenyCache`](crate::storage::DenyCache) for what it guarantees). Off:
+    /// every request asks Redis.
+    pub fn deny_cache(mut self, on: bool) -> Self {
+        self.deny_cache = on;
+        self
+    }
+
+    /// The most keys the deny cache keeps (default
+    /// [`DEFAULT_CAPACITY`](crate::storage::deny_cache::DEFAULT_CAPACITY),
+    /// 65,536).
+    pub fn deny_cache_capacity(mut self, keys: usize) -> Self {
+        self.deny_cache_capacity = keys;
         self
     }
 
@@ -229,7 +272,14 @@ impl RedisStorageBuilder {
                  numeric ids); set RedisStorageBuilder::hash_secret"
             );
         }
-        RedisStorage::from_parts(conn, keys, self.timeout, self.clock)
+        let settings = Settings {
+            keys,
+            timeout: self.timeout,
+            clock: self.clock,
+            max_batch: self.batching.then_some(self.max_batch),
+            deny_cache: self.deny_cache.then_some(self.deny_cache_capacity),
+        };
+        RedisStorage::from_parts(conn, settings)
     }
 }
 
@@ -287,6 +337,10 @@ impl fmt::Debug for RedisStorageBuilder {
             .field("timeout", &self.timeout)
             .field("hash_secret", &self.secret.is_some())
             .field("client_clock", &self.clock.is_some())
+            .field("batching", &self.batching)
+            .field("max_batch", &self.max_batch)
+            .field("deny_cache", &self.deny_cache)
+            .field("deny_cache_capacity", &self.deny_cache_capacity)
             .finish()
     }
 }

@@ -67,6 +67,27 @@ pub(super) fn timeout_error(attempt: Attempt, after: Duration) -> StorageError {
     )
 }
 
+/// One decision of a batch failed on the server (the others were decided):
+/// `reply` is the error text the script gave for it, which becomes the
+/// source (it is the server's, and may name a key).
+pub(super) fn item_error(attempt: Attempt, reply: &str) -> StorageError {
+    let error = RedisError::from((
+        ErrorKind::Server(ServerErrorKind::ResponseError),
+        "An error was signalled by the server",
+        reply.to_owned(),
+    ));
+    let code = reply.split_whitespace().next().unwrap_or("?");
+    let ours = reply
+        .find("tower-rate-tier: ")
+        .map(|at| format!(" {}", &reply[at..]))
+        .unwrap_or_default();
+    let message = format!(
+        "{} failed inside a batch of decisions: the server replied {code}{ours}",
+        attempt.what()
+    );
+    StorageError::with_source(StorageErrorKind::Other, message, error)
+}
+
 /// `attempt` failed with `error`, which becomes the source.
 pub(super) fn redis_error(attempt: Attempt, error: RedisError) -> StorageError {
     let kind = kind_of(&error);
@@ -90,6 +111,10 @@ fn kind_of(e: &RedisError) -> StorageErrorKind {
                 | ErrorKind::Server(
                     ServerErrorKind::ClusterDown
                         | ServerErrorKind::MasterDown
+                        // a redirection still unanswered after the driver's
+                        // retry: the node serving the key is out of reach
+                        | ServerErrorKind::Moved
+                        | ServerErrorKind::Ask
                         | ServerErrorKind::TryAgain
                         | ServerErrorKind::BusyLoading
                 )
@@ -229,6 +254,27 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_decision_of_a_batch_names_the_code_never_the_text() {
+        let e = item_error(
+            Attempt::Charge,
+            "WRONGTYPE Operation against a key holding the wrong kind of value trt:{ab}:w1",
+        );
+        assert_eq!(e.kind(), StorageErrorKind::Other);
+        assert_eq!(
+            e.to_string(),
+            "rate-limit storage failed: Redis charge failed inside a batch of decisions: the \
+             server replied WRONGTYPE"
+        );
+        let e = item_error(Attempt::Refund, "ERR tower-rate-tier: bad band arguments");
+        assert!(
+            e.to_string()
+                .ends_with("replied ERR tower-rate-tier: bad band arguments"),
+            "{e}"
+        );
+        assert!(e.source().is_some());
+    }
+
+    #[test]
     fn a_redirection_names_the_node() {
         let moved = RedisError::from((
             ErrorKind::Server(ServerErrorKind::Moved),
@@ -237,6 +283,7 @@ mod tests {
         ));
         let e = redis_error(Attempt::Charge, moved);
         assert!(e.to_string().ends_with("(node 127.0.0.1:6381)"), "{e}");
+        assert_eq!(e.kind(), StorageErrorKind::Unavailable);
     }
 
     #[test]

@@ -28,6 +28,43 @@
 //! charges every band or writes nothing. Every write sets an expiry of the
 //! time until the band is full again (plus 1 ms), so keys vanish on their own.
 //!
+//! **Batching** (on by default on a single server,
+//! [`batching`](RedisStorageBuilder::batching)): a decision asked for while
+//! the storage's previous call is still in flight waits for it, and
+//! everything that waited goes out as one call of a batch script (at most
+//! [`max_batch`](RedisStorageBuilder::max_batch), default 128, per call). The
+//! batch script runs each decision through the single script's own code, in
+//! order, with one `TIME` per call, so each decision is exactly the one a
+//! call of its own would make; one decision's failure (a key of another
+//! type, say) never fails the others. There is no timer: a decision that
+//! finds no call in flight is sent at once, so light traffic sees no added
+//! latency. The timeout stays per decision (time spent waiting for the
+//! batch counts), a decision whose caller has given up is never sent, and a
+//! batch that failed or timed out is never sent again. **On a Redis Cluster
+//! every decision is its own call** (a batch's keys would span slots; calls
+//! are not routed by slot).
+//!
+//! **Deny cache** (on by default, [`deny_cache`](RedisStorageBuilder::deny_cache)):
+//! after Redis denies a key, the key's band states are kept in process, and
+//! later requests for it that those states already deny are denied without
+//! a round trip, with the `Retry-After` and band states Redis would give
+//! (source [`DecisionSource::DenyCache`](super::DecisionSource::DenyCache)).
+//! It never admits, never denies what Redis would admit, and is indifferent
+//! to clock skew between this process and Redis; a refund made by another
+//! instance is not seen until the entry expires. See
+//! [`DenyCache`](super::DenyCache) for how and why.
+//!
+//! # Rolling deploys
+//!
+//! Instances with different settings (batching on or off, another batch
+//! cap, deny cache on or off) share one quota on one server: the keys, the
+//! stored values (a band's time of being full again, in integer
+//! microseconds) and the expiries are the same whatever the settings. The
+//! batch script checks its contract (`trt-batch-1`, its first argument), and
+//! a script is known to the server by its SHA-1, so instances running
+//! different versions of a script never run each other's. A change to the
+//! key layout or the stored values would come with a new key prefix.
+
 //! # Keys
 //!
 //! One key per band: `{prefix}:{<hash>}:w<window>`, for example
@@ -149,21 +186,24 @@ use std::time::Duration;
 use redis::aio::ConnectionManager;
 use redis::cluster::ClusterClient;
 
+use super::deny_cache::DenyTable;
 use super::{Decide, Decision, Op, Storage, StorageError, StorageErrorKind, StorageKey};
 use crate::clock::Clock;
 use crate::quota::Quota;
 
+mod batch;
 mod builder;
 mod error;
 mod keys;
 mod link;
 mod script;
 
+use batch::Batcher;
 pub use builder::RedisStorageBuilder;
 use error::{Attempt, redis_error, timeout_error};
 use keys::KeyCodec;
 use link::Conn;
-use script::{Args, Script, decode};
+use script::{Args, SINGLE, Script, decode};
 
 /// The default per-call timeout: 250 ms.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
@@ -186,6 +226,21 @@ struct Inner {
     timeout: Duration,
     clock: Option<Arc<dyn Clock>>,
     script: Script,
+    /// The queue of decisions waiting for a batch (single server, batching
+    /// on).
+    batch: Option<Batcher>,
+    deny: Option<Arc<DenyTable>>,
+}
+
+/// The settings [`RedisStorage::from_parts`] takes besides the connection.
+struct Settings {
+    keys: KeyCodec,
+    timeout: Duration,
+    clock: Option<Arc<dyn Clock>>,
+    /// `Some(cap)`: batching on, at most `cap` decisions per call.
+    max_batch: Option<usize>,
+    /// `Some(capacity)`: the deny cache on.
+    deny_cache: Option<usize>,
 }
 
 impl RedisStorage {
@@ -259,14 +314,54 @@ impl RedisStorage {
         &self.inner.keys.prefix
     }
 
-    fn from_parts(conn: Conn, keys: KeyCodec, timeout: Duration, clock: Option<Arc<dyn Clock>>) -> Self {
+    /// Whether decisions are batched (batching on, and a single server).
+    pub fn is_batching(&self) -> bool {
+        self.inner.batch.is_some()
+    }
+
+    /// The cap on decisions per batch, when batching.
+    pub fn max_batch(&self) -> Option<usize> {
+        self.inner.batch.as_ref().map(Batcher::max)
+    }
+
+    /// Whether the deny cache is on.
+    pub fn has_deny_cache(&self) -> bool {
+        self.inner.deny.is_some()
+    }
+
+    /// Which part of Redis `key` lives on, for
+    /// [`FallbackBuilder::domains`](super::FallbackBuilder::domains): 0 for
+    /// every key on a single server; on a Cluster, a number for the key's
+    /// hash slot (so that one unreachable node sends only its own slots'
+    /// keys to a fallback).
+    pub fn failure_domain(&self, key: StorageKey<'_>) -> u64 {
+        use std::hash::BuildHasher;
+        match self.inner.conn {
+            Conn::Single(_) => 0,
+            Conn::Cluster(_) => {
+                let base = self.inner.keys.base_key(key);
+                let slot = redis::cluster_routing::Slot::for_key(&base[..]);
+                foldhash::fast::FixedState::default().hash_one(slot)
+            }
+        }
+    }
+
+    fn from_parts(conn: Conn, settings: Settings) -> Self {
+        let batch = match conn {
+            Conn::Single(_) => settings.max_batch.map(Batcher::new),
+            Conn::Cluster(_) => None,
+        };
         RedisStorage {
             inner: Arc::new(Inner {
                 conn,
-                keys,
-                timeout,
-                clock,
-                script: Script::new(),
+                keys: settings.keys,
+                timeout: settings.timeout,
+                clock: settings.clock,
+                script: Script::new(SINGLE),
+                batch,
+                deny: settings
+                    .deny_cache
+                    .map(|capacity| Arc::new(DenyTable::new(capacity))),
             }),
         }
     }
@@ -336,14 +431,32 @@ fn check_bands(bands: &[Quota]) -> Result<(), StorageError> {
     Ok(())
 }
 
+impl RedisStorage {
+    /// One decision by Redis: the key names and arguments are made now (the
+    /// future owns them), and sent at once or with the next batch.
+    fn send(&self, key: StorageKey<'_>, bands: &[Quota], op: Op) -> Decide {
+        let args = self.inner.args(key, bands, op);
+        match &self.inner.batch {
+            Some(batcher) => batch::submit(&self.inner, batcher, args, bands.len()),
+            None => Decide::pending(self.inner.clone().call(args, bands.len())),
+        }
+    }
+}
+
 impl Storage for RedisStorage {
-    fn decide(&self, key: StorageKey<'_>, bands: &[Quota], op: Op, _clock: &Arc<dyn Clock>) -> Decide {
+    fn decide(&self, key: StorageKey<'_>, bands: &[Quota], op: Op, clock: &Arc<dyn Clock>) -> Decide {
         if let Err(e) = check_bands(bands) {
             return Decide::ready(Err(e));
         }
-        // The key names and arguments are made now: the future owns them.
-        let args = self.inner.args(key, bands, op);
-        Decide::pending(self.inner.clone().call(args, bands.len()))
+        match &self.inner.deny {
+            // Anchored on the clock the decisions are made with: the
+            // limiter's, or this storage's own in test mode.
+            Some(table) => {
+                let now = self.inner.clock.as_ref().unwrap_or(clock).now();
+                table.guard(key, bands, op, now, || self.send(key, bands, op))
+            }
+            None => self.send(key, bands, op),
+        }
     }
 }
 
@@ -356,102 +469,11 @@ impl fmt::Debug for RedisStorage {
             .field("timeout", &inner.timeout)
             .field("hash_secret", &inner.keys.has_secret())
             .field("client_clock", &inner.clock.is_some())
+            .field("max_batch", &self.max_batch())
+            .field("deny_cache", &inner.deny.is_some())
             .finish_non_exhaustive()
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use std::io::{Read, Write};
-    use std::net::{TcpListener, TcpStream};
-    use std::process::{Child, Command, Stdio};
-
-    use super::*;
-    use crate::clock::FakeClock;
-    use crate::storage::MemoryStorage;
-
-    /// A `redis-server` of this test's own on a free loopback port, killed on
-    /// drop; `None` (after a loud message) when it is not installed, outside
-    /// CI. The integration tests (`tests/redis.rs`) have the full harness.
-    struct Server(Child, u16);
-
-    impl Server {
-        fn start() -> Option<Server> {
-            let port = TcpListener::bind("127.0.0.1:0").ok()?.local_addr().ok()?.port();
-            let child = Command::new("redis-server")
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-                .args(["--save", "", "--appendonly", "no"])
-                .stdout(Stdio::null())
-                .spawn();
-            let Ok(child) = child else {
-                assert!(std::env::var_os("CI").is_none(), "redis-server is missing in CI");
-                let _ = writeln!(std::io::stderr(), "!! SKIPPED: redis-server not found");
-                return None;
-            };
-            let server = Server(child, port);
-            for _ in 0..500 {
-                let mut pong = [0u8; 7];
-                if let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) {
-                    if s.write_all(b"PING\r\n").is_ok() && s.read_exact(&mut pong).is_ok() {
-                        return Some(server);
-                    }
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            panic!("redis-server did not answer on port {port}");
-        }
-    }
-
-    impl Drop for Server {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-
-    #[tokio::test]
-    async fn a_refund_reports_every_bands_state_after_it() {
-        let Some(server) = Server::start() else {
-            return;
-        };
-        let clock = FakeClock::new();
-        let redis = RedisStorage::builder(format!("redis://127.0.0.1:{}", server.1))
-            .client_clock(clock.clone())
-            .connect()
-            .await
-            .unwrap();
-        let memory = MemoryStorage::new();
-        let fake: Arc<dyn Clock> = Arc::new(clock.clone());
-        let bands = [Quota::per_second(10), Quota::per_minute(100), Quota::unlimited()];
-        let key = StorageKey {
-            namespace: "",
-            tier: "t",
-            user: "refund",
-        };
-        for (op, advance) in [
-            (Op::Charge(5), 30),
-            (Op::Refund(2), 50),
-            (Op::Charge(4), 0),
-            (Op::Refund(50), 0),
-        ] {
-            clock.advance(Duration::from_millis(advance));
-            let decided = redis.run(key, &bands, op).await.unwrap();
-            let remembered = memory.decide(key, &bands, op, &fake).await.unwrap();
-            assert!(remembered.allowed);
-            // what the call reports is what the next peek (of either storage) sees
-            assert_eq!(
-                decided,
-                redis.run(key, &bands, Op::Charge(0)).await.unwrap(),
-                "{op:?}"
-            );
-            assert_eq!(
-                decided,
-                memory.decide(key, &bands, Op::Charge(0), &fake).await.unwrap(),
-                "{op:?}"
-            );
-        }
-        // the last refund filled every band: fresh states
-        let d = redis.run(key, &bands, Op::Charge(0)).await.unwrap();
-        assert_eq!([d.bands[0].remaining, d.bands[1].remaining], [10, 100]);
-    }
-}
+mod tests;

@@ -1,10 +1,12 @@
-//! The Lua script (`redis.lua` beside this file): its arguments, the
-//! `EVALSHA` call with its `EVAL` fallbacks, and its reply.
+//! The Lua scripts: `redis.lua` (one decision) and `batch.lua` (many
+//! decisions, each through the same code), their arguments, the `EVALSHA`
+//! call with its `EVAL` fallbacks, and the reply of one decision.
 //!
-//! A decision is one `EVALSHA`. A `NOSCRIPT` reply (a restarted or flushed
+//! A call is one `EVALSHA`. A `NOSCRIPT` reply (a restarted or flushed
 //! server, a failover) is answered by one `EVAL`, which loads the script as
-//! it runs it. A server that refuses `EVALSHA` itself (renamed, or denied by
-//! an ACL) gets `EVAL` from then on, with one warning in the log.
+//! it runs it (the script never ran, so nothing is counted twice). A server
+//! that refuses `EVALSHA` itself (renamed, or denied by an ACL) gets `EVAL`
+//! from then on, with one warning in the log.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -18,20 +20,47 @@ use super::link::{Conn, Stage};
 use crate::gcra::BandState;
 use crate::quota::Quota;
 
-const SOURCE: &str = include_str!("redis.lua");
+/// One decision.
+pub(super) const SINGLE: &str = include_str!("redis.lua");
+
+/// Many decisions in one call: `batch.lua` runs each through `redis.lua`'s
+/// code, wrapped as a function, so a batched decision is the single call's
+/// decision by construction.
+pub(super) const BATCH: &str = concat!(
+    "local function decide(KEYS, ARGV)\n",
+    include_str!("redis.lua"),
+    "\nend\n",
+    include_str!("batch.lua")
+);
+
+/// The batch script's contract, its first argument: the script refuses a
+/// caller that speaks another one. Bump it with any change to the layout of
+/// the batch's arguments or reply.
+pub(super) const BATCH_CONTRACT: &str = "trt-batch-1";
 
 /// Durations passed to the script are capped here (about 71 years) so that
 /// the script's sums stay exact in Lua's doubles.
 const MAX_SPAN_US: u64 = 1 << 51;
 
-/// The script and how this server takes it.
+/// A script and how this server takes it.
 pub(super) struct Script {
+    source: &'static str,
     sha: Box<str>,
     /// The server refused `EVALSHA`: send the script with every call.
     eval_only: AtomicBool,
 }
 
-/// Keys and arguments of one call, after `EVAL[SHA] script|sha numkeys`.
+/// What a script call sends after `EVAL[SHA] script|sha`.
+pub(super) trait CallArgs {
+    /// The number of keys.
+    fn key_count(&self) -> usize;
+    /// Bytes the arguments take, roughly (to size the command buffer).
+    fn size(&self) -> usize;
+    /// Appends `numkeys`, the keys and the other arguments.
+    fn push(&self, cmd: &mut Cmd);
+}
+
+/// Keys and arguments of one decision.
 pub(super) struct Args {
     keys: SmallVec<[KeyBuf; 2]>,
     mode: &'static str,
@@ -81,12 +110,75 @@ impl Args {
             spans,
         }
     }
+
+    fn key_bytes(&self) -> usize {
+        self.keys.iter().map(|k| k.len()).sum()
+    }
+
+    /// `mode now spans...` (the script's `ARGV`).
+    fn push_argv(&self, cmd: &mut Cmd) {
+        cmd.arg(self.mode);
+        match self.now {
+            Some(now) => cmd.arg(now),
+            None => cmd.arg(""),
+        };
+        for span in &self.spans {
+            cmd.arg(span[0]).arg(span[1]).arg(span[2]);
+        }
+    }
+}
+
+impl CallArgs for Args {
+    fn key_count(&self) -> usize {
+        self.keys.len()
+    }
+
+    fn size(&self) -> usize {
+        self.key_bytes() + 24 + 60 * self.spans.len()
+    }
+
+    fn push(&self, cmd: &mut Cmd) {
+        cmd.arg(self.keys.len());
+        for key in &self.keys {
+            cmd.arg(&key[..]);
+        }
+        self.push_argv(cmd);
+    }
+}
+
+/// The arguments of a batch: every decision's keys, then the contract, the
+/// number of decisions and, per decision, its band count and `ARGV`.
+pub(super) struct BatchArgs<'a>(pub(super) &'a [&'a Args]);
+
+impl CallArgs for BatchArgs<'_> {
+    fn key_count(&self) -> usize {
+        self.0.iter().map(|a| a.keys.len()).sum()
+    }
+
+    fn size(&self) -> usize {
+        32 + self.0.iter().map(|a| a.size() + 4).sum::<usize>()
+    }
+
+    fn push(&self, cmd: &mut Cmd) {
+        cmd.arg(self.key_count());
+        for args in self.0 {
+            for key in &args.keys {
+                cmd.arg(&key[..]);
+            }
+        }
+        cmd.arg(BATCH_CONTRACT).arg(self.0.len());
+        for args in self.0 {
+            cmd.arg(args.keys.len());
+            args.push_argv(cmd);
+        }
+    }
 }
 
 impl Script {
-    pub(super) fn new() -> Self {
+    pub(super) fn new(source: &'static str) -> Self {
         Script {
-            sha: redis::Script::new(SOURCE).get_hash().into(),
+            source,
+            sha: redis::Script::new(source).get_hash().into(),
             eval_only: AtomicBool::new(false),
         }
     }
@@ -96,7 +188,7 @@ impl Script {
     pub(super) async fn call(
         &self,
         conn: &Conn,
-        args: &Args,
+        args: &impl CallArgs,
         attempt: Attempt,
     ) -> Result<Value, (Attempt, RedisError)> {
         let failed = |step: Attempt| {
@@ -125,27 +217,15 @@ impl Script {
             .map_err(failed(attempt))
     }
 
-    fn command(&self, args: &Args, by_sha: bool) -> Cmd {
-        let keys: usize = args.keys.iter().map(|k| k.len()).sum();
-        let size = if by_sha { 48 } else { SOURCE.len() + 8 } + keys + 24 + 60 * args.spans.len();
-        let mut cmd = Cmd::with_capacity(5 + 4 * args.keys.len(), size);
+    fn command(&self, args: &impl CallArgs, by_sha: bool) -> Cmd {
+        let size = if by_sha { 48 } else { self.source.len() + 8 } + args.size();
+        let mut cmd = Cmd::with_capacity(5 + 4 * args.key_count(), size);
         if by_sha {
             cmd.arg("EVALSHA").arg(&*self.sha);
         } else {
-            cmd.arg("EVAL").arg(SOURCE);
+            cmd.arg("EVAL").arg(self.source);
         }
-        cmd.arg(args.keys.len());
-        for key in &args.keys {
-            cmd.arg(&key[..]);
-        }
-        cmd.arg(args.mode);
-        match args.now {
-            Some(now) => cmd.arg(now),
-            None => cmd.arg(""),
-        };
-        for span in &args.spans {
-            cmd.arg(span[0]).arg(span[1]).arg(span[2]);
-        }
+        args.push(&mut cmd);
         cmd
     }
 }

@@ -1,0 +1,199 @@
+//! The deny cache built into the Redis storage: our side runs on a
+//! `FakeClock` (given to the `RateTier`), Redis on its own real time; the
+//! fake clock starts on 2024-01-01, so the two clocks are more than a year
+//! apart, which the cache must not notice. Whether a decision came from the
+//! cache shows in `INFO commandstats`: a cached denial makes no script call.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tower_rate_tier::clock::{Clock, FakeClock};
+use tower_rate_tier::storage::{DecisionSource, Op, RedisStorage, Storage as _};
+use tower_rate_tier::{Quota, RateTier};
+use tower_rate_tier_tests::redis::RedisServer;
+
+use super::{key, storage};
+
+fn script_calls(server: &RedisServer) -> u64 {
+    server.command_calls("evalsha") + server.command_calls("eval")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_denials_cost_no_round_trip_and_the_cache_lets_go_on_time() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let clock = FakeClock::new();
+    let tiers = RateTier::builder()
+        .tier("minute", Quota::per_minute(5))
+        .clock(clock.clone())
+        .storage(storage(&server.url()).await)
+        .build();
+    for left in (0..5).rev() {
+        assert_eq!(
+            tiers.check("ada", "minute", 1).await.unwrap().unwrap().remaining,
+            left
+        );
+    }
+    // Redis denies; the answer is kept
+    let first = tiers.check("ada", "minute", 1).await.unwrap().unwrap_err();
+    assert!(first.retry_after > Duration::from_secs(11), "{first:?}");
+    server.cli(&["CONFIG", "RESETSTAT"]);
+    for _ in 0..20 {
+        let again = tiers.check("ada", "minute", 1).await.unwrap().unwrap_err();
+        // our clock stood still: the very state Redis reported
+        assert_eq!(again.retry_after, first.retry_after);
+        assert_eq!(again.remaining, 0);
+    }
+    assert_eq!(script_calls(&server), 0, "cached denials make no call");
+    // 1 ms before the anchored state refills, still denied here
+    clock.advance(first.retry_after - Duration::from_millis(1));
+    let last = tiers.check("ada", "minute", 1).await.unwrap().unwrap_err();
+    assert_eq!(last.retry_after, Duration::from_millis(1));
+    assert_eq!(script_calls(&server), 0);
+    // then the cache lets go, and Redis decides (on its own clock, which has
+    // barely moved: denied again, never admitted by the cache)
+    clock.advance(Duration::from_millis(1));
+    let redis_says = tiers.check("ada", "minute", 1).await.unwrap().unwrap_err();
+    assert!(redis_says.retry_after > Duration::from_secs(10));
+    assert_eq!(script_calls(&server), 1);
+    // another user is not affected
+    assert!(tiers.check("bob", "minute", 1).await.unwrap().is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_is_freed_when_redis_refills_it() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let clock = FakeClock::new();
+    let redis = storage(&server.url()).await;
+    let ours: Arc<dyn Clock> = Arc::new(clock.clone());
+    // 10 per second, burst 2: one unit every 100 ms of Redis's time
+    let bands = [Quota::per_second(10).with_burst(2)];
+    let k = key("t", "freed");
+    for _ in 0..2 {
+        assert!(
+            redis
+                .decide(k, &bands, Op::Charge(1), &ours)
+                .await
+                .unwrap()
+                .allowed
+        );
+    }
+    let denied = redis.decide(k, &bands, Op::Charge(1), &ours).await.unwrap();
+    assert_eq!((denied.allowed, denied.source), (false, DecisionSource::Storage));
+    let cached = redis.decide(k, &bands, Op::Charge(1), &ours).await.unwrap();
+    assert_eq!(
+        (cached.allowed, cached.source),
+        (false, DecisionSource::DenyCache)
+    );
+    assert_eq!(cached.bands, denied.bands);
+    // both clocks move on past the refill: Redis admits, the cache let it
+    let wait = Duration::from_nanos(denied.bands[0].retry_after_ns) + Duration::from_millis(5);
+    tokio::time::sleep(wait).await;
+    clock.advance(wait);
+    let admitted = redis.decide(k, &bands, Op::Charge(1), &ours).await.unwrap();
+    assert_eq!(
+        (admitted.allowed, admitted.source),
+        (true, DecisionSource::Storage)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_costly_denial_does_not_deny_a_cheap_request() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let tiers = RateTier::builder()
+        .tier("hour", Quota::per_hour(50))
+        .clock(FakeClock::new())
+        .storage(storage(&server.url()).await)
+        .build();
+    assert_eq!(
+        tiers.check("cy", "hour", 20).await.unwrap().unwrap().remaining,
+        30
+    );
+    let costly = tiers.check("cy", "hour", 40).await.unwrap().unwrap_err();
+    assert_eq!(costly.remaining, 30);
+    server.cli(&["CONFIG", "RESETSTAT"]);
+    assert_eq!(tiers.check("cy", "hour", 1).await.unwrap().unwrap().remaining, 29);
+    assert_eq!(script_calls(&server), 1, "Redis decided the cheap request");
+    let again = tiers.check("cy", "hour", 40).await.unwrap().unwrap_err();
+    assert_eq!(again.remaining, 29);
+    assert_eq!(script_calls(&server), 1, "the cache denied the costly one");
+    // a refund through this limiter drops the entry: Redis decides again
+    tiers.refund("cy", "hour", 20).await.unwrap();
+    assert_eq!(tiers.check("cy", "hour", 40).await.unwrap().unwrap().remaining, 9);
+}
+
+/// 64 tasks hammer a quota (with real time on both sides): exactly the
+/// quota is admitted, and once it is spent almost no denial reaches Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sixty_four_tasks_on_a_spent_quota_barely_call_redis() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let tiers = RateTier::builder()
+        .tier("day", Quota::per_day(500))
+        .storage(storage(&server.url()).await)
+        .build();
+    server.cli(&["CONFIG", "RESETSTAT"]);
+    let (admitted, denied) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let deadline = Instant::now() + Duration::from_millis(500);
+    let mut tasks = Vec::new();
+    for _ in 0..64 {
+        let (tiers, admitted, denied) = (tiers.clone(), admitted.clone(), denied.clone());
+        tasks.push(tokio::spawn(async move {
+            while Instant::now() < deadline {
+                match tiers.check("hot", "day", 1).await {
+                    Ok(Ok(_)) => admitted.fetch_add(1, Ordering::Relaxed),
+                    Ok(Err(_)) => denied.fetch_add(1, Ordering::Relaxed),
+                    Err(e) => panic!("{e}"),
+                };
+                tokio::task::yield_now().await;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let (admitted, denied) = (admitted.load(Ordering::Relaxed), denied.load(Ordering::Relaxed));
+    let calls = script_calls(&server);
+    println!("spent quota, 64 tasks: {admitted} admitted, {denied} denied, {calls} script calls");
+    assert_eq!(admitted, 500);
+    assert!(denied > 5_000, "{denied}");
+    // at most one batch per task could reach Redis after the quota ran out
+    assert!(calls <= 500 + 64, "{calls} calls");
+    assert!(
+        calls as f64 / denied as f64 <= 0.05,
+        "{calls} calls, {denied} denied"
+    );
+}
+
+#[tokio::test]
+async fn off_by_the_builder() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let redis = RedisStorage::builder(server.url())
+        .deny_cache(false)
+        .connect()
+        .await
+        .unwrap();
+    assert!(!redis.has_deny_cache());
+    let tiers = RateTier::builder()
+        .tier("day", Quota::per_day(1))
+        .storage(redis)
+        .build();
+    tiers.check("dee", "day", 1).await.unwrap().unwrap();
+    server.cli(&["CONFIG", "RESETSTAT"]);
+    for _ in 0..5 {
+        assert!(tiers.check("dee", "day", 1).await.unwrap().is_err());
+    }
+    assert_eq!(script_calls(&server), 5);
+    // the storage's Debug says what it does
+    let text = format!("{tiers:?}");
+    assert!(text.contains("deny_cache: false"), "{text}");
+}

@@ -1,0 +1,340 @@
+//! [`DenyCache`]: denials kept in process, so that a client hammering a
+//! spent quota costs no round trip.
+//!
+//! After the wrapped storage denies a key, the cache keeps the state of the
+//! key's bands as the storage reported it, anchored at the local instant the
+//! request was *sent* (read from the limiter's clock). The storage decided at
+//! some instant after that, so every band's stored time lies at or after the
+//! anchored one: the cached state is a lower bound of the storage's, however
+//! far apart the two clocks are. A later request for the key is denied
+//! locally when that lower bound already denies its cost; otherwise it goes
+//! to the storage, as it would without the cache. So the cache
+//!
+//! * never admits anything (admissions always come from the storage), hence
+//!   never admits over the quota;
+//! * never denies a request the storage would admit: a denial of cost 40
+//!   does not deny a request of cost 1 the band still has room for, and a
+//!   key is freed as soon as the anchored state has refilled, which is no
+//!   later than the storage's;
+//! * answers with the band states and `Retry-After` the storage would give
+//!   at that instant (as a [`Decision`] whose source is
+//!   [`DecisionSource::DenyCache`]).
+//!
+//! One exception to the lower bound: a refund. A refund through this cache
+//! drops the key's entry; a refund made by another instance is not seen, and
+//! the entry keeps denying until it expires (at most until the band is full
+//! again, the longest `Retry-After` the storage itself gave).
+//!
+//! Memory is bounded: entries expire when their bands are full again (an
+//! expired entry is removed when next looked up, and by a sweep when the
+//! cache is full), and at most [`DenyCache::with_capacity`] keys (default
+//! [`DEFAULT_CAPACITY`]) are kept; a denial that finds the cache full after
+//! a sweep is simply not cached. Only decisions the storage itself made are
+//! kept ([`DecisionSource::Storage`]), never a fallback's.
+//!
+//! The Redis storage has this cache built in (on by default; see
+//! `RedisStorageBuilder::deny_cache`). Around another storage:
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! use tower_rate_tier::storage::{DenyCache, MemoryStorage};
+//! use tower_rate_tier::{Quota, RateTier};
+//!
+//! let storage = DenyCache::new(MemoryStorage::new());
+//! let tiers = RateTier::builder().tier("free", Quota::per_minute(1)).storage(storage.clone()).build();
+//! assert!(tiers.check("ada", "free", 1).await.unwrap().is_ok());
+//! assert_eq!(storage.len(), 0);
+//! let denied = tiers.check("ada", "free", 1).await.unwrap().unwrap_err();
+//! assert_eq!(storage.len(), 1); // the next denial of "ada" is answered here
+//! assert_eq!(denied.retry_after_secs(), 60);
+//! # }
+//! ```
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use arrayvec::ArrayVec;
+use dashmap::DashMap;
+use smallvec::SmallVec;
+
+use super::{
+    BandName, Decide, Decision, DecisionSource, MAX_BANDS, Op, Storage, StorageKey, band_names, decide_bands,
+};
+use crate::clock::{Clock, Nanos};
+use crate::quota::Quota;
+
+/// The default number of keys a deny cache keeps.
+pub const DEFAULT_CAPACITY: usize = 65_536;
+
+/// How often a full cache sweeps out expired entries, at most.
+const SWEEP_EVERY: Nanos = 1_000_000_000;
+
+/// A storage that answers repeated denials itself; see the
+/// [module documentation](self).
+///
+/// Cheap to clone; clones share one cache.
+#[derive(Clone)]
+pub struct DenyCache<S> {
+    inner: S,
+    table: Arc<DenyTable>,
+}
+
+impl<S: Storage> DenyCache<S> {
+    /// Caches the denials of `inner`, for up to [`DEFAULT_CAPACITY`] keys.
+    pub fn new(inner: S) -> Self {
+        Self::with_capacity(inner, DEFAULT_CAPACITY)
+    }
+
+    /// Caches the denials of `inner`, for up to `capacity` keys.
+    pub fn with_capacity(inner: S, capacity: usize) -> Self {
+        DenyCache {
+            inner,
+            table: Arc::new(DenyTable::new(capacity)),
+        }
+    }
+
+    /// How many keys have an entry now (expired ones included until they
+    /// are swept).
+    pub fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    /// Whether no key has an entry.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The wrapped storage.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+}
+
+impl<S: Storage> Storage for DenyCache<S> {
+    fn decide(&self, key: StorageKey<'_>, bands: &[Quota], op: Op, clock: &Arc<dyn Clock>) -> Decide {
+        self.table.guard(key, bands, op, clock.now(), || {
+            self.inner.decide(key, bands, op, clock)
+        })
+    }
+}
+
+impl<S: fmt::Debug> fmt::Debug for DenyCache<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DenyCache")
+            .field("inner", &self.inner)
+            .field("keys", &self.table.len())
+            .field("capacity", &self.table.capacity)
+            .finish()
+    }
+}
+
+type Hasher = foldhash::fast::RandomState;
+
+/// `[len][namespace][len][tier][user]` (names of at most 255 bytes).
+type KeyBuf = SmallVec<[u8; 64]>;
+
+/// The entries of one cache.
+pub(crate) struct DenyTable {
+    map: DashMap<Box<[u8]>, Entry, Hasher>,
+    len: AtomicUsize,
+    capacity: usize,
+    last_sweep: AtomicU64,
+}
+
+/// One key's bands as the storage last reported them.
+#[derive(Clone, Copy)]
+struct Entry {
+    names: [Option<BandName>; MAX_BANDS],
+    /// Each band's time of being full again, on the local clock (a lower
+    /// bound); `None` for a full or unlimited band.
+    tats: [Option<Nanos>; MAX_BANDS],
+    /// The local instant the request was sent.
+    sent_at: Nanos,
+    /// The storage's time of its decision.
+    decided_at: Nanos,
+    /// When every band is full again: the entry is useless from then on.
+    expires: Nanos,
+}
+
+impl DenyTable {
+    pub(crate) fn new(capacity: usize) -> Self {
+        DenyTable {
+            map: DashMap::with_hasher(Hasher::default()),
+            len: AtomicUsize::new(0),
+            capacity,
+            last_sweep: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len.load(Ordering::Relaxed)
+    }
+
+    /// Answers `op` on `key` from the cache when it denies it (at local time
+    /// `now`); else `forward` asks the storage, whose answer updates the
+    /// cache.
+    pub(crate) fn guard(
+        self: &Arc<Self>,
+        key: StorageKey<'_>,
+        bands: &[Quota],
+        op: Op,
+        now: Nanos,
+        forward: impl FnOnce() -> Decide,
+    ) -> Decide {
+        let name = encode(key);
+        match op {
+            Op::Charge(cost) if cost > 0 => {
+                if let Some(denied) = self.check(&name, bands, cost, now) {
+                    return Decide::ready(Ok(denied));
+                }
+            }
+            Op::Charge(_) => {}
+            Op::Refund(_) => {
+                self.forget(&name);
+                return forward();
+            }
+        }
+        let Ok(kept) = ArrayVec::<Quota, MAX_BANDS>::try_from(bands) else {
+            return forward();
+        };
+        let table = self.clone();
+        forward().map(move |decided| {
+            if let Ok(decision) = &decided {
+                table.record(name, &kept, now, decision);
+            }
+            decided
+        })
+    }
+
+    /// The cached denial of `cost` on `key` at `now`, if the entry denies it.
+    fn check(&self, name: &[u8], bands: &[Quota], cost: u32, now: Nanos) -> Option<Decision> {
+        let entry = *self.map.get(name)?;
+        if now >= entry.expires {
+            self.forget_expired(name, now);
+            return None;
+        }
+        if !same_bands(&entry, bands) {
+            return None;
+        }
+        // A clock that went back since the request was sent: the state the
+        // storage reported is still a lower bound.
+        let now = now.max(entry.sent_at);
+        let mut tats = entry.tats;
+        let decision = decide_bands(&mut tats[..bands.len()], now, bands, Op::Charge(cost));
+        if decision.allowed {
+            return None;
+        }
+        let at = entry.decided_at.saturating_add(now - entry.sent_at);
+        Some(Decision::new(false, at, decision.bands).with_source(DecisionSource::DenyCache))
+    }
+
+    /// Keeps what the storage answered for a request sent at `sent_at`: a
+    /// denial always (room permitting), anything else only to refresh an
+    /// entry the key has.
+    fn record(&self, name: KeyBuf, bands: &[Quota], sent_at: Nanos, decision: &Decision) {
+        if decision.source != DecisionSource::Storage || decision.bands.len() != bands.len() {
+            return;
+        }
+        let mut entry = Entry {
+            names: [None; MAX_BANDS],
+            tats: [None; MAX_BANDS],
+            sent_at,
+            decided_at: decision.now,
+            expires: sent_at,
+        };
+        for (i, ((quota, state), band)) in bands
+            .iter()
+            .zip(decision.bands.iter())
+            .zip(band_names(bands))
+            .enumerate()
+        {
+            entry.names[i] = Some(band);
+            if !quota.is_unlimited() && state.reset_after_ns > 0 {
+                let tat = sent_at.saturating_add(state.reset_after_ns);
+                entry.tats[i] = Some(tat);
+                entry.expires = entry.expires.max(tat);
+            }
+        }
+        if let Some(mut kept) = self.map.get_mut(&name[..]) {
+            if kept.sent_at <= sent_at {
+                *kept = entry;
+            }
+            return;
+        }
+        if decision.allowed || entry.expires == sent_at || !self.room(sent_at) {
+            return;
+        }
+        if self.map.insert(name.to_vec().into_boxed_slice(), entry).is_none() {
+            self.len.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether a new key fits, after sweeping out expired entries when the
+    /// cache is full (at most once a second).
+    fn room(&self, now: Nanos) -> bool {
+        if self.len() < self.capacity {
+            return true;
+        }
+        let last = self.last_sweep.load(Ordering::Relaxed);
+        let due = last == 0 || now.saturating_sub(last) >= SWEEP_EVERY;
+        if due
+            && self
+                .last_sweep
+                .compare_exchange(last, now.max(1), Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            let mut removed = 0;
+            self.map.retain(|_, entry| {
+                let keep = entry.expires > now;
+                removed += usize::from(!keep);
+                keep
+            });
+            self.len.fetch_sub(removed, Ordering::Relaxed);
+        }
+        self.len() < self.capacity
+    }
+
+    fn forget(&self, name: &[u8]) {
+        if self.map.remove(name).is_some() {
+            self.len.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    fn forget_expired(&self, name: &[u8], now: Nanos) {
+        if self
+            .map
+            .remove_if(name, |_, entry| entry.expires <= now)
+            .is_some()
+        {
+            self.len.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+fn same_bands(entry: &Entry, bands: &[Quota]) -> bool {
+    bands.len() <= MAX_BANDS
+        && entry.names[bands.len()..].iter().all(Option::is_none)
+        && entry
+            .names
+            .iter()
+            .zip(band_names(bands))
+            .all(|(kept, name)| *kept == Some(name))
+}
+
+fn encode(key: StorageKey<'_>) -> KeyBuf {
+    let mut out = KeyBuf::new();
+    let ns = key.namespace.len().min(255);
+    let tier = key.tier.len().min(255);
+    out.reserve(2 + ns + tier + key.user.len());
+    out.push(ns as u8);
+    out.extend_from_slice(&key.namespace.as_bytes()[..ns]);
+    out.push(tier as u8);
+    out.extend_from_slice(&key.tier.as_bytes()[..tier]);
+    out.extend_from_slice(key.user.as_bytes());
+    out
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,190 @@
+//! The deny cache around in-process storages, whose clocks the tests set.
+
+use std::sync::atomic::AtomicUsize;
+use std::time::Duration;
+
+use super::*;
+use crate::clock::FakeClock;
+use crate::storage::MemoryStorage;
+
+/// A storage deciding on a clock of its own (a Redis server's, say),
+/// whatever clock the limiter passes; counts the decisions it makes.
+#[derive(Debug, Clone)]
+struct Remote {
+    memory: MemoryStorage,
+    clock: Arc<dyn Clock>,
+    calls: Arc<AtomicUsize>,
+}
+
+impl Remote {
+    fn new(clock: &FakeClock) -> Self {
+        Remote {
+            memory: MemoryStorage::new(),
+            clock: Arc::new(clock.clone()),
+            calls: Arc::default(),
+        }
+    }
+
+    fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+}
+
+impl Storage for Remote {
+    fn decide(&self, key: StorageKey<'_>, bands: &[Quota], op: Op, _: &Arc<dyn Clock>) -> Decide {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.memory.decide(key, bands, op, &self.clock)
+    }
+}
+
+const KEY: StorageKey<'static> = StorageKey {
+    namespace: "",
+    tier: "t",
+    user: "u",
+};
+
+fn decide<S: Storage>(storage: &S, bands: &[Quota], op: Op, clock: &FakeClock) -> Decision {
+    let clock: Arc<dyn Clock> = Arc::new(clock.clone());
+    storage
+        .decide(KEY, bands, op, &clock)
+        .into_ready()
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or_else(|| panic!("no ready decision"))
+}
+
+/// The remote's own answer now, without the cache (a charge that is denied
+/// changes nothing).
+fn truth(remote: &Remote, bands: &[Quota], cost: u32) -> Decision {
+    let clock = FakeClock::at(Duration::from_nanos(remote.clock.now()));
+    decide(&remote.memory, bands, Op::Charge(cost), &clock)
+}
+
+#[test]
+fn a_repeated_denial_is_answered_here_exactly_as_the_storage_would_whatever_the_skew() {
+    // the limiter's clock runs an hour ahead of the storage's
+    let theirs = FakeClock::new();
+    let ours = FakeClock::at(Duration::from_secs(FakeClock::START_UNIX_SECS + 3_600));
+    let remote = Remote::new(&theirs);
+    let cache = DenyCache::new(remote.clone());
+    let bands = [Quota::per_second(2), Quota::per_minute(100)];
+    for _ in 0..2 {
+        assert!(decide(&cache, &bands, Op::Charge(1), &ours).allowed);
+    }
+    let first = decide(&cache, &bands, Op::Charge(1), &ours);
+    assert!(!first.allowed);
+    assert_eq!(
+        (first.source, remote.calls(), cache.len()),
+        (DecisionSource::Storage, 3, 1)
+    );
+    for step in [0, 120, 200, 130] {
+        ours.advance(Duration::from_millis(step));
+        theirs.advance(Duration::from_millis(step));
+        let cached = decide(&cache, &bands, Op::Charge(1), &ours);
+        assert_eq!(cached.source, DecisionSource::DenyCache);
+        assert_eq!(remote.calls(), 3, "no call for a cached denial");
+        // the storage's own answer at that instant: same states, same time
+        assert_eq!(
+            cached,
+            truth(&remote, &bands, 1).with_source(DecisionSource::DenyCache)
+        );
+    }
+    // 450 ms on: the first band is full enough again for one (refills at
+    // 500 ms per unit); the cache lets the request through to the storage
+    ours.advance(Duration::from_millis(50));
+    theirs.advance(Duration::from_millis(50));
+    let admitted = decide(&cache, &bands, Op::Charge(1), &ours);
+    assert!(admitted.allowed);
+    assert_eq!((admitted.source, remote.calls()), (DecisionSource::Storage, 4));
+}
+
+#[test]
+fn a_costly_denial_never_denies_a_cheaper_request_the_storage_admits() {
+    let clock = FakeClock::new();
+    let remote = Remote::new(&clock);
+    let cache = DenyCache::new(remote.clone());
+    let bands = [Quota::per_minute(50)];
+    assert!(decide(&cache, &bands, Op::Charge(20), &clock).allowed);
+    let denied = decide(&cache, &bands, Op::Charge(40), &clock);
+    assert!(!denied.allowed);
+    assert_eq!(denied.bands[0].remaining, 30);
+    // cost 1: the storage decides (and admits)
+    let cheap = decide(&cache, &bands, Op::Charge(1), &clock);
+    assert!(cheap.allowed && cheap.source == DecisionSource::Storage);
+    // cost 40 again: denied here, with the state after the cheap one
+    let again = decide(&cache, &bands, Op::Charge(40), &clock);
+    assert_eq!(again.source, DecisionSource::DenyCache);
+    assert_eq!(
+        again,
+        truth(&remote, &bands, 40).with_source(DecisionSource::DenyCache)
+    );
+    assert_eq!(again.bands[0].remaining, 29);
+    // a peek is never denied
+    assert!(decide(&cache, &bands, Op::Charge(0), &clock).allowed);
+}
+
+#[test]
+fn a_refund_here_drops_the_entry_and_one_elsewhere_waits_for_expiry() {
+    let clock = FakeClock::new();
+    let remote = Remote::new(&clock);
+    let cache = DenyCache::new(remote.clone());
+    let bands = [Quota::per_minute(3)];
+    for _ in 0..3 {
+        decide(&cache, &bands, Op::Charge(1), &clock);
+    }
+    assert!(!decide(&cache, &bands, Op::Charge(1), &clock).allowed);
+    // a refund made directly on the storage (another instance) is not seen
+    decide(&remote.memory, &bands, Op::Refund(1), &clock);
+    let stale = decide(&cache, &bands, Op::Charge(1), &clock);
+    assert_eq!((stale.allowed, stale.source), (false, DecisionSource::DenyCache));
+    // a refund through the cache is
+    decide(&cache, &bands, Op::Refund(1), &clock);
+    assert!(cache.is_empty());
+    let after = decide(&cache, &bands, Op::Charge(1), &clock);
+    assert!(after.allowed && after.source == DecisionSource::Storage);
+}
+
+#[test]
+fn entries_expire_and_the_cache_stays_within_its_capacity() {
+    let clock = FakeClock::new();
+    let remote = Remote::new(&clock);
+    let cache = DenyCache::with_capacity(remote.clone(), 10);
+    let bands = [Quota::per_second(1)];
+    let clock_dyn: Arc<dyn Clock> = Arc::new(clock.clone());
+    let deny = |user: &str| {
+        let key = StorageKey { user, ..KEY };
+        for _ in 0..2 {
+            let _ = cache.decide(key, &bands, Op::Charge(1), &clock_dyn).into_ready();
+        }
+    };
+    for i in 0..25 {
+        deny(&format!("user-{i}"));
+    }
+    assert_eq!(cache.len(), 10, "the first ten denied keys, no more");
+    // a second on, every entry has expired: the next denial sweeps them out
+    clock.advance(Duration::from_secs(1));
+    deny("late");
+    assert_eq!(cache.len(), 1);
+}
+
+#[test]
+fn a_changed_tier_ignores_the_entry_and_fallback_decisions_are_never_kept() {
+    let clock = FakeClock::new();
+    let remote = Remote::new(&clock);
+    let cache = DenyCache::new(remote.clone());
+    let bands = [Quota::per_minute(1)];
+    decide(&cache, &bands, Op::Charge(1), &clock);
+    assert!(!decide(&cache, &bands, Op::Charge(1), &clock).allowed);
+    // another window: another band, the storage decides
+    let hourly = [Quota::per_hour(1)];
+    assert!(decide(&cache, &hourly, Op::Charge(1), &clock).source == DecisionSource::Storage);
+    let table = DenyTable::new(10);
+    let fallback = Decision::new(
+        false,
+        0,
+        [crate::gcra::BandState::default()].into_iter().collect(),
+    )
+    .with_source(DecisionSource::Fallback);
+    table.record(encode(KEY), &bands, 0, &fallback);
+    assert_eq!(table.len(), 0);
+}

@@ -1,0 +1,417 @@
+//! [`Fallback`]: a local limiter that answers while the primary storage
+//! fails, with this instance's share of every quota.
+//!
+//! * **Every failed decision is answered.** A decision the primary fails
+//!   with [`StorageErrorKind::Timeout`] or [`StorageErrorKind::Unavailable`]
+//!   is decided by a local [`MemoryStorage`] instead, with each band scaled
+//!   to the configured [share](FallbackBuilder::share) (0.25 when four
+//!   instances share the quota; see [Scaling](#scaling)). The layer sees a
+//!   decision, never the error: no 503 and no fail-open while the primary is
+//!   down. Other errors (a refused command, a full storage) pass through.
+//!   The fallback adds no timeout of its own: the primary must bound its
+//!   decisions (the Redis storage does, by its timeout).
+//! * **Switch.** After [`failures_to_switch`](FallbackBuilder::failures_to_switch)
+//!   consecutive failures (default 3), decisions are answered locally
+//!   without trying the primary, so they cost no timeout.
+//! * **Probe and return.** While answering locally, the first decision after
+//!   each [`probe_interval`](FallbackBuilder::probe_interval) (default 1 s)
+//!   goes to the primary instead (inline, no background task: a service
+//!   without traffic needs no probing). If the primary answers, that answer
+//!   is the decision and every later decision goes to the primary again;
+//!   the local state is discarded, never merged into the primary's. If not,
+//!   the probe is answered locally (after the primary's own timeout, at
+//!   worst).
+//! * **Reported** through `tracing` (a warning when decisions start being
+//!   answered locally, an info event when they are all back), through the
+//!   [`on_switch`](FallbackBuilder::on_switch) callback, and in every local
+//!   decision's source, [`DecisionSource::Fallback`].
+//! * **Failure domains.** On a Redis Cluster one dead node must not send
+//!   every key to the fallback. [`domains`](FallbackBuilder::domains) tells
+//!   the fallback which keys fail together (`RedisStorage::failure_domain`:
+//!   the key's hash slot); failures are counted, switches made and probes
+//!   sent per domain, so keys on healthy nodes keep using Redis.
+//!
+//! # Scaling
+//!
+//! Each band of the tier is scaled by the share: its burst is
+//! `ceil(burst × share)`, at least 1; its emission interval is
+//! `interval / share`, rounded up (the band refills at `share` times the
+//! rate). With the share set to 1 / (number of instances), all instances
+//! together admit about the full quota while each decides alone (a little
+//! more, from the rounding up of the bursts). A request costing more than a
+//! scaled burst (but not more than the full one) is denied with a 429, as a
+//! spent quota would be; it is never a 403. `X-RateLimit-Limit` still names
+//! the configured burst; `Remaining` and the reset count from the share.
+//! The local state starts empty: during an outage a client gets up to its
+//! share afresh, whatever it had used in the primary.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! use std::sync::Arc;
+//! use std::sync::atomic::{AtomicBool, Ordering};
+//! use tower_rate_tier::storage::{Decide, Fallback, MemoryStorage, Op, Storage, StorageError, StorageErrorKind, StorageKey};
+//! use tower_rate_tier::{Quota, RateTier, clock::Clock};
+//!
+//! /// A primary storage that is down.
+//! #[derive(Debug)]
+//! struct Down;
+//! impl Storage for Down {
+//!     fn decide(&self, _: StorageKey<'_>, _: &[Quota], _: Op, _: &Arc<dyn Clock>) -> Decide {
+//!         Decide::ready(Err(StorageError::new(StorageErrorKind::Unavailable, "down")))
+//!     }
+//! }
+//!
+//! let local = Arc::new(AtomicBool::new(false));
+//! let seen = local.clone();
+//! let storage = Fallback::builder(Down)
+//!     .instances(4)
+//!     .on_switch(move |answering_locally| seen.store(answering_locally, Ordering::SeqCst))
+//!     .build();
+//! let tiers = RateTier::builder().tier("free", Quota::per_minute(100)).storage(storage).build();
+//! // a quarter of the quota, answered locally
+//! for _ in 0..25 {
+//!     assert!(tiers.check("ada", "free", 1).await.unwrap().is_ok());
+//! }
+//! assert!(tiers.check("ada", "free", 1).await.unwrap().is_err());
+//! assert!(local.load(Ordering::SeqCst));
+//! # }
+//! ```
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use arrayvec::ArrayVec;
+use dashmap::DashMap;
+use dashmap::mapref::entry::Entry;
+use smallvec::SmallVec;
+
+use super::{
+    Decide, Decision, DecisionSource, MAX_BANDS, MemoryStorage, Op, Storage, StorageError, StorageErrorKind,
+    StorageKey,
+};
+use crate::clock::{Clock, Nanos};
+use crate::quota::Quota;
+
+/// The default number of consecutive failures that switch to the local
+/// limiter.
+pub const DEFAULT_FAILURES_TO_SWITCH: u32 = 3;
+
+/// The default time between probes of the primary while answering locally.
+pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_secs(1);
+
+mod builder;
+
+pub use builder::FallbackBuilder;
+
+type DomainFn = Arc<dyn Fn(StorageKey<'_>) -> u64 + Send + Sync>;
+type SwitchFn = Arc<dyn Fn(bool) + Send + Sync>;
+type Hasher = foldhash::fast::RandomState;
+
+/// A storage that answers from a local limiter while its primary fails; see
+/// the [module documentation](self).
+///
+/// Cheap to clone; clones share one state.
+#[derive(Clone)]
+pub struct Fallback<S> {
+    primary: S,
+    shared: Arc<Shared>,
+}
+
+impl<S: Storage> Fallback<S> {
+    /// Configures a fallback for `primary`. Set the
+    /// [share](FallbackBuilder::share) (or the number of
+    /// [instances](FallbackBuilder::instances)): the default, 1, lets every
+    /// instance admit the whole quota during an outage.
+    pub fn builder(primary: S) -> FallbackBuilder<S> {
+        FallbackBuilder::new(primary)
+    }
+
+    /// The primary storage.
+    pub fn primary(&self) -> &S {
+        &self.primary
+    }
+
+    /// Whether some decisions are answered locally now without trying the
+    /// primary (the switch has been made, in one failure domain at least).
+    pub fn is_local(&self) -> bool {
+        self.shared.local_domains.load(Ordering::Relaxed) > 0
+    }
+
+    /// The share of each quota the local limiter gives.
+    pub fn share(&self) -> f64 {
+        self.shared.share
+    }
+}
+
+/// The state every clone shares.
+struct Shared {
+    local: MemoryStorage,
+    share: f64,
+    failures_to_switch: u32,
+    probe_every: Nanos,
+    domain_of: Option<DomainFn>,
+    /// Only the domains whose last decision failed.
+    domains: DashMap<u64, Domain, Hasher>,
+    /// `domains.len()`, read without locking on every decision.
+    troubled: AtomicUsize,
+    /// Domains answered locally without trying the primary.
+    local_domains: AtomicUsize,
+    /// Numbers each spell of failures of a domain: the local state of one
+    /// spell is never seen by the next.
+    epochs: AtomicU64,
+    on_switch: Option<SwitchFn>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Domain {
+    failures: u32,
+    epoch: u64,
+    /// Answering locally; the next probe is due then.
+    probe_at: Option<Nanos>,
+}
+
+/// Where a decision goes.
+enum Route {
+    Primary,
+    Local(u64),
+}
+
+impl<S: Storage> Storage for Fallback<S> {
+    fn decide(&self, key: StorageKey<'_>, bands: &[Quota], op: Op, clock: &Arc<dyn Clock>) -> Decide {
+        let shared = &self.shared;
+        let domain = shared.domain_of.as_ref().map_or(0, |domain_of| domain_of(key));
+        if let Route::Local(epoch) = shared.route(domain, clock) {
+            return Decide::ready(shared.answer_locally(key, bands, op, clock, epoch));
+        }
+        let call = Call::new(key, bands, op, clock);
+        let shared = shared.clone();
+        self.primary
+            .decide(key, bands, op, clock)
+            .map(move |decided| shared.settle(domain, call, decided))
+    }
+}
+
+impl Shared {
+    /// Locally while the domain has switched, except for a probe that is due.
+    fn route(&self, domain: u64, clock: &Arc<dyn Clock>) -> Route {
+        if self.troubled.load(Ordering::Relaxed) == 0 {
+            return Route::Primary;
+        }
+        let Some(mut state) = self.domains.get_mut(&domain) else {
+            return Route::Primary;
+        };
+        match state.probe_at {
+            None => Route::Primary,
+            Some(due) => {
+                let now = clock.now();
+                if now >= due {
+                    state.probe_at = Some(now.saturating_add(self.probe_every));
+                    Route::Primary
+                } else {
+                    Route::Local(state.epoch)
+                }
+            }
+        }
+    }
+
+    /// The primary's answer, or the local one when the primary failed.
+    fn settle(
+        &self,
+        domain: u64,
+        call: Call,
+        decided: Result<Decision, StorageError>,
+    ) -> Result<Decision, StorageError> {
+        match decided {
+            Ok(decision) => {
+                self.answered(domain);
+                Ok(decision)
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    StorageErrorKind::Timeout | StorageErrorKind::Unavailable
+                ) =>
+            {
+                let epoch = self.failed(domain, call.clock.now());
+                tracing::debug!(error = %e, "rate-limit storage failed; decided by the local fallback");
+                self.answer_locally(call.key(), &call.bands, call.op, &call.clock, epoch)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The primary answered for `domain`: its failures are forgotten, and it
+    /// is back on the primary if it had switched.
+    fn answered(&self, domain: u64) {
+        if self.troubled.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let Some((_, state)) = self.domains.remove(&domain) else {
+            return;
+        };
+        self.troubled.fetch_sub(1, Ordering::Relaxed);
+        if state.probe_at.is_some() {
+            tracing::debug!(domain, "rate-limit storage answers again for this failure domain");
+            if self.local_domains.fetch_sub(1, Ordering::Relaxed) == 1 {
+                tracing::info!(
+                    "rate-limit storage answers again: decisions go back to it, local state discarded"
+                );
+                self.report(false);
+            }
+        }
+    }
+
+    /// Counts a failure in `domain` (switching it after enough); the epoch
+    /// of its local state.
+    fn failed(&self, domain: u64, now: Nanos) -> u64 {
+        let switch_at = now.saturating_add(self.probe_every);
+        let (epoch, switched) = match self.domains.entry(domain) {
+            Entry::Occupied(mut seen) => {
+                let state = seen.get_mut();
+                state.failures = state.failures.saturating_add(1);
+                let switched = state.probe_at.is_none() && state.failures >= self.failures_to_switch;
+                if switched {
+                    state.probe_at = Some(switch_at);
+                }
+                (state.epoch, switched)
+            }
+            Entry::Vacant(new) => {
+                self.troubled.fetch_add(1, Ordering::Relaxed);
+                let epoch = self.epochs.fetch_add(1, Ordering::Relaxed) + 1;
+                let switched = self.failures_to_switch <= 1;
+                new.insert(Domain {
+                    failures: 1,
+                    epoch,
+                    probe_at: switched.then_some(switch_at),
+                });
+                (epoch, switched)
+            }
+        };
+        if switched {
+            tracing::debug!(domain, "rate-limit storage keeps failing for this failure domain");
+            if self.local_domains.fetch_add(1, Ordering::Relaxed) == 0 {
+                tracing::warn!(
+                    failures = self.failures_to_switch,
+                    share = self.share,
+                    "rate-limit storage keeps failing: decisions are answered by the local fallback \
+                     with this instance's share of each quota"
+                );
+                self.report(true);
+            }
+        }
+        epoch
+    }
+
+    fn report(&self, local: bool) {
+        if let Some(callback) = &self.on_switch {
+            callback(local);
+        }
+    }
+
+    /// The local limiter's decision, with every band scaled to the share,
+    /// in the state of spell `epoch`.
+    fn answer_locally(
+        &self,
+        key: StorageKey<'_>,
+        bands: &[Quota],
+        op: Op,
+        clock: &Arc<dyn Clock>,
+        epoch: u64,
+    ) -> Result<Decision, StorageError> {
+        let mut scaled = ArrayVec::<Quota, MAX_BANDS>::new();
+        for quota in bands {
+            scaled.try_push(scale(quota, self.share)).map_err(|_| {
+                StorageError::new(StorageErrorKind::Other, "a decision needs 1 to MAX_BANDS bands")
+            })?;
+        }
+        let mut namespace = String::with_capacity(21 + key.namespace.len());
+        namespace.push_str(itoa::Buffer::new().format(epoch));
+        namespace.push(':');
+        namespace.push_str(key.namespace);
+        let local_key = StorageKey {
+            namespace: &namespace,
+            ..key
+        };
+        match self.local.decide(local_key, &scaled, op, clock).into_ready() {
+            Ok(decided) => decided.map(|d| d.with_source(DecisionSource::Fallback)),
+            Err(_) => Err(StorageError::new(
+                StorageErrorKind::Other,
+                "the local fallback limiter did not decide at once",
+            )),
+        }
+    }
+}
+
+/// `quota` scaled to `share`: see [Scaling](self#scaling).
+fn scale(quota: &Quota, share: f64) -> Quota {
+    if quota.is_unlimited() || share >= 1.0 {
+        return *quota;
+    }
+    // `as` saturates: a burst or an interval too large to scale stays
+    // within its type.
+    let burst = ((f64::from(quota.burst()) * share).ceil() as u32).max(1);
+    let interval = ((quota.emission_interval_nanos() as f64 / share).ceil() as u64).max(1);
+    Quota::per_period(1, Duration::from_nanos(interval)).with_burst(burst)
+}
+
+/// What answering a failed decision locally needs, owned (the primary's
+/// answer may come later).
+struct Call {
+    /// namespace, tier and user, one after the other.
+    text: SmallVec<[u8; 96]>,
+    namespace: usize,
+    tier: usize,
+    bands: ArrayVec<Quota, MAX_BANDS>,
+    op: Op,
+    clock: Arc<dyn Clock>,
+}
+
+impl Call {
+    fn new(key: StorageKey<'_>, bands: &[Quota], op: Op, clock: &Arc<dyn Clock>) -> Self {
+        let mut text = SmallVec::new();
+        for part in [key.namespace, key.tier, key.user] {
+            text.extend_from_slice(part.as_bytes());
+        }
+        Call {
+            text,
+            namespace: key.namespace.len(),
+            tier: key.tier.len(),
+            bands: bands.iter().take(MAX_BANDS).copied().collect(),
+            op,
+            clock: clock.clone(),
+        }
+    }
+
+    fn key(&self) -> StorageKey<'_> {
+        let (namespace, rest) = self.text.split_at(self.namespace);
+        let (tier, user) = rest.split_at(self.tier);
+        // Each part was a `&str`, cut at its own boundaries.
+        let text = |bytes| std::str::from_utf8(bytes).unwrap_or_default();
+        StorageKey {
+            namespace: text(namespace),
+            tier: text(tier),
+            user: text(user),
+        }
+    }
+}
+
+impl<S: fmt::Debug> fmt::Debug for Fallback<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Fallback")
+            .field("primary", &self.primary)
+            .field("share", &self.shared.share)
+            .field("failures_to_switch", &self.shared.failures_to_switch)
+            .field("probe_interval", &Duration::from_nanos(self.shared.probe_every))
+            .field(
+                "local_domains",
+                &self.shared.local_domains.load(Ordering::Relaxed),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests;

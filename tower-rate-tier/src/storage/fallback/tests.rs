@@ -1,0 +1,271 @@
+//! The fallback around a primary that fails on demand.
+
+use std::sync::Mutex;
+use std::sync::atomic::AtomicBool;
+
+use super::*;
+use crate::clock::FakeClock;
+
+/// A primary (in memory) that fails with `kind` for users starting with
+/// one of `failing` prefixes; counts the calls it gets.
+#[derive(Debug, Clone, Default)]
+struct Flaky {
+    memory: MemoryStorage,
+    failing: Arc<Mutex<Vec<&'static str>>>,
+    other_error: Arc<AtomicBool>,
+    calls: Arc<AtomicUsize>,
+}
+
+impl Flaky {
+    fn fail(&self, prefixes: &[&'static str]) {
+        *self.failing.lock().unwrap() = prefixes.to_vec();
+    }
+
+    fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+}
+
+impl Storage for Flaky {
+    fn decide(&self, key: StorageKey<'_>, bands: &[Quota], op: Op, clock: &Arc<dyn Clock>) -> Decide {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        if self
+            .failing
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|p| key.user.starts_with(p))
+        {
+            let kind = if self.other_error.load(Ordering::SeqCst) {
+                StorageErrorKind::Other
+            } else {
+                StorageErrorKind::Unavailable
+            };
+            return Decide::ready(Err(StorageError::new(kind, "down")));
+        }
+        self.memory.decide(key, bands, op, clock)
+    }
+}
+
+fn decide<S: Storage>(
+    storage: &S,
+    user: &str,
+    bands: &[Quota],
+    cost: u32,
+    clock: &FakeClock,
+) -> Result<Decision, StorageError> {
+    let key = StorageKey {
+        namespace: "",
+        tier: "t",
+        user,
+    };
+    let clock: Arc<dyn Clock> = Arc::new(clock.clone());
+    match storage.decide(key, bands, Op::Charge(cost), &clock).into_ready() {
+        Ok(result) => result,
+        Err(_) => panic!("not ready"),
+    }
+}
+
+#[test]
+fn bands_scale_to_the_share_rounding_bursts_up() {
+    let q = scale(&Quota::per_hour(10), 0.25);
+    assert_eq!(q.burst(), 3);
+    assert_eq!(
+        q.emission_interval_nanos(),
+        4 * Quota::per_hour(10).emission_interval_nanos()
+    );
+    assert_eq!(scale(&Quota::per_minute(3), 0.01).burst(), 1);
+    assert_eq!(scale(&Quota::per_second(5), 1.0), Quota::per_second(5));
+    assert!(scale(&Quota::unlimited(), 0.5).is_unlimited());
+    // the refill window stays about the same
+    let before = Quota::per_day(1_000).refill_nanos();
+    let after = scale(&Quota::per_day(1_000), 1.0 / 3.0).refill_nanos();
+    assert!(
+        after >= before && after - before < before / 100,
+        "{before} {after}"
+    );
+}
+
+#[test]
+fn it_switches_after_consecutive_failures_probes_and_returns() {
+    let clock = FakeClock::new();
+    let primary = Flaky::default();
+    let switches = Arc::new(Mutex::new(Vec::new()));
+    let seen = switches.clone();
+    let storage = Fallback::builder(primary.clone())
+        .instances(4)
+        .failures_to_switch(3)
+        .probe_interval(Duration::from_secs(2))
+        .on_switch(move |local| seen.lock().unwrap().push(local))
+        .build();
+    let bands = [Quota::per_minute(40)];
+    assert_eq!(
+        decide(&storage, "ada", &bands, 1, &clock).unwrap().source,
+        DecisionSource::Storage
+    );
+    primary.fail(&[""]);
+    // two failures: answered locally, still trying the primary
+    for n in 2..4 {
+        let d = decide(&storage, "ada", &bands, 1, &clock).unwrap();
+        assert_eq!(d.source, DecisionSource::Fallback);
+        assert_eq!(primary.calls(), n);
+        assert!(!storage.is_local());
+    }
+    // the third switches
+    decide(&storage, "ada", &bands, 1, &clock).unwrap();
+    assert!(storage.is_local());
+    assert_eq!(*switches.lock().unwrap(), [true]);
+    // from then on, no call until a probe is due; the share is a quarter
+    // (burst 10), of which 3 are spent
+    let mut admitted = 0;
+    for _ in 0..20 {
+        let d = decide(&storage, "ada", &bands, 1, &clock).unwrap();
+        assert_eq!(d.source, DecisionSource::Fallback);
+        admitted += u32::from(d.allowed);
+    }
+    assert_eq!((admitted, primary.calls()), (7, 4));
+    // a probe after the interval: still down, answered locally
+    clock.advance(Duration::from_secs(2));
+    assert_eq!(
+        decide(&storage, "ada", &bands, 1, &clock).unwrap().source,
+        DecisionSource::Fallback
+    );
+    assert_eq!(primary.calls(), 5);
+    decide(&storage, "ada", &bands, 1, &clock).unwrap();
+    assert_eq!(primary.calls(), 5);
+    // back up: the next probe's answer is the primary's, and so are all
+    // the later ones
+    primary.fail(&[]);
+    clock.advance(Duration::from_secs(2));
+    let back = decide(&storage, "ada", &bands, 1, &clock).unwrap();
+    // (the primary had one charge, refilled since)
+    assert_eq!(
+        (back.source, back.bands[0].remaining),
+        (DecisionSource::Storage, 39)
+    );
+    assert!(!storage.is_local());
+    assert_eq!(*switches.lock().unwrap(), [true, false]);
+    // a new outage starts from a fresh local state (the old one discarded)
+    primary.fail(&[""]);
+    let fresh = decide(&storage, "ada", &bands, 1, &clock).unwrap();
+    assert_eq!(
+        (fresh.source, fresh.bands[0].remaining),
+        (DecisionSource::Fallback, 9)
+    );
+}
+
+#[test]
+fn a_success_resets_the_count_and_other_errors_pass_through() {
+    let clock = FakeClock::new();
+    let primary = Flaky::default();
+    let storage = Fallback::builder(primary.clone()).failures_to_switch(3).build();
+    let bands = [Quota::per_minute(40)];
+    for _ in 0..5 {
+        primary.fail(&[""]);
+        decide(&storage, "bob", &bands, 1, &clock).unwrap();
+        decide(&storage, "bob", &bands, 1, &clock).unwrap();
+        primary.fail(&[]);
+        decide(&storage, "bob", &bands, 1, &clock).unwrap();
+    }
+    assert!(!storage.is_local());
+    assert_eq!(primary.calls(), 15);
+    primary.fail(&[""]);
+    primary.other_error.store(true, Ordering::SeqCst);
+    let err = decide(&storage, "bob", &bands, 1, &clock).unwrap_err();
+    assert_eq!(err.kind(), StorageErrorKind::Other);
+}
+
+#[test]
+fn one_failing_domain_leaves_the_others_on_the_primary() {
+    let clock = FakeClock::new();
+    let primary = Flaky::default();
+    let switches = Arc::new(AtomicUsize::new(0));
+    let seen = switches.clone();
+    let storage = Fallback::builder(primary.clone())
+        .failures_to_switch(2)
+        .domains(|key| u64::from(key.user.as_bytes().first().copied().unwrap_or(0)))
+        .on_switch(move |_| {
+            seen.fetch_add(1, Ordering::SeqCst);
+        })
+        .build();
+    let bands = [Quota::per_minute(40)];
+    primary.fail(&["a"]);
+    for i in 0..20 {
+        let failing = decide(&storage, &format!("a{i}"), &bands, 1, &clock).unwrap();
+        let healthy = decide(&storage, &format!("b{i}"), &bands, 1, &clock).unwrap();
+        assert_eq!(failing.source, DecisionSource::Fallback);
+        assert_eq!(healthy.source, DecisionSource::Storage, "{i}");
+    }
+    assert!(storage.is_local());
+    // the failing domain stopped calling after two failures: 2 + 20 calls
+    assert_eq!(primary.calls(), 22);
+    assert_eq!(switches.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn a_cost_above_the_scaled_burst_is_a_denial_not_an_error() {
+    let clock = FakeClock::new();
+    let primary = Flaky::default();
+    primary.fail(&[""]);
+    let storage = Fallback::builder(primary).instances(4).build();
+    let bands = [Quota::per_minute(100)];
+    // the share's burst is 25: 30 is denied (the limiter answers 429), and
+    // charges nothing
+    let denied = decide(&storage, "cy", &bands, 30, &clock).unwrap();
+    assert!(!denied.allowed);
+    assert!(denied.bands[0].retry_after_ns > 0);
+    let all = decide(&storage, "cy", &bands, 25, &clock).unwrap();
+    assert!(all.allowed);
+    assert_eq!(all.bands[0].remaining, 0);
+}
+
+/// Counts the fallback's warnings and info events.
+struct Events(Arc<Mutex<Vec<tracing::Level>>>);
+
+impl tracing::Subscriber for Events {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        let meta = event.metadata();
+        if meta.module_path() == Some("tower_rate_tier::storage::fallback")
+            && *meta.level() <= tracing::Level::INFO
+        {
+            self.0.lock().unwrap().push(*meta.level());
+        }
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+#[test]
+fn each_switch_is_logged_once() {
+    let clock = FakeClock::new();
+    let primary = Flaky::default();
+    let storage = Fallback::builder(primary.clone())
+        .failures_to_switch(2)
+        .probe_interval(Duration::from_secs(1))
+        .build();
+    let bands = [Quota::per_minute(40)];
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    tracing::subscriber::with_default(Events(seen.clone()), || {
+        primary.fail(&[""]);
+        for _ in 0..10 {
+            decide(&storage, "dee", &bands, 1, &clock).unwrap();
+        }
+        primary.fail(&[]);
+        clock.advance(Duration::from_secs(1));
+        for _ in 0..10 {
+            decide(&storage, "dee", &bands, 1, &clock).unwrap();
+        }
+    });
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [tracing::Level::WARN, tracing::Level::INFO]
+    );
+}
