@@ -135,7 +135,7 @@
 //!     req.extensions_mut().insert(PeerAddr("10.1.2.3:443".parse().unwrap()));
 //!     req
 //! };
-//! let remaining = |req| {
+//! let remaining = |req: Request<Body>| {
 //!     let app = app.clone();
 //!     async move { app.oneshot(req).await.unwrap().headers()["x-ratelimit-remaining"].clone() }
 //! };
