@@ -11,7 +11,9 @@
 //! two processes behind a load balancer would. Requests alternate between
 //! them and still spend one quota, because every decision is one atomic
 //! script in Redis on Redis's clock. The API key's plan comes from an async
-//! [`TierIdentifier`] (a database lookup in a real service).
+//! [`TierIdentifier`] (a database lookup in a real service), never from what
+//! the client sends. The self-test run checks every row it prints and exits
+//! with status 1 if one differs (2 when Redis cannot be reached).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -26,7 +28,7 @@ use tower_rate_tier::storage::RedisStorage;
 use tower_rate_tier::{
     OnStorageError, Quota, RateTier, TierIdentifier, TierIdentity, TierLimitLayer, tier_cost,
 };
-use tower_rate_tier_examples::{Client, header, row, serve_axum, serve_mode};
+use tower_rate_tier_examples::{Client, SelfTest, serve_axum, serve_mode, want};
 
 /// An account behind an API key.
 #[derive(Debug, Clone)]
@@ -79,7 +81,7 @@ async fn instance(redis_url: &str, prefix: &str) -> Result<Router, tower_rate_ti
     let storage = RedisStorage::builder(redis_url).prefix(prefix).connect().await?;
     let tiers = RateTier::builder()
         .tier("free", Quota::per_minute(5))
-        .tier("pro", Quota::per_minute(100))
+        .tier("pro", Quota::per_hour(1_000))
         .default_tier("free")
         .storage(storage)
         .build();
@@ -123,7 +125,7 @@ async fn main() -> ExitCode {
     }
     let (a, b) = (addrs[0], addrs[1]);
     println!("two instances on one Redis ({redis_url}): A = http://{a}, B = http://{b}");
-    println!("free: 5 requests/minute, pro: 100; /report costs 10\n");
+    println!("free: 5 requests/minute, pro: 1,000/hour; /report costs 10\n");
 
     if serve_mode() {
         println!("try (the two instances share each account's quota):");
@@ -138,19 +140,37 @@ async fn main() -> ExitCode {
     }
 
     let clients = [("A", Client::new(a)), ("B", Client::new(b))];
-    header();
-    for i in 0..6 {
+    let mut test = SelfTest::new();
+    let alice = [("x-api-key", "sk_live_alice")];
+    for (i, remaining) in ["4", "3", "2", "1", "0"].into_iter().enumerate() {
         let (name, client) = &clients[i % 2];
-        let reply = client.get("/", &[("x-api-key", "sk_live_alice")]).await;
-        row(&format!("GET / via {name}"), "alice (free)", &reply);
+        let reply = client.get("/", &alice).await;
+        test.row(
+            &format!("GET / via {name}"),
+            "alice (free)",
+            &reply,
+            want(200, remaining, "-"),
+        );
     }
-    for (i, key) in ["sk_live_bob", "sk_live_bob_ci", "sk_live_bob"]
-        .into_iter()
-        .enumerate()
+    // the 6th, on B, meets the quota both instances spent: a unit comes back in 12 s
+    let reply = clients[1].1.get("/", &alice).await;
+    test.row("GET / via B", "alice (free)", &reply, want(429, "0", "12"));
+    for (i, (key, remaining)) in [
+        ("sk_live_bob", "990"),
+        ("sk_live_bob_ci", "980"),
+        ("sk_live_bob", "970"),
+    ]
+    .into_iter()
+    .enumerate()
     {
         let (name, client) = &clients[i % 2];
         let reply = client.get("/report", &[("x-api-key", key)]).await;
-        row(&format!("GET /report via {name}"), key, &reply);
+        test.row(
+            &format!("GET /report via {name}"),
+            key,
+            &reply,
+            want(200, remaining, "-"),
+        );
     }
     println!(
         "\nalice's requests alternate between A and B and count against one quota: the 6th is refused.\n\
@@ -159,5 +179,5 @@ async fn main() -> ExitCode {
     for server in servers {
         server.abort();
     }
-    ExitCode::SUCCESS
+    test.finish()
 }

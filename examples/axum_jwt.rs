@@ -11,12 +11,15 @@
 //! claims into the request extensions; the limiter reads them with
 //! `identifier_parts_fn`. An invalid token is answered 401 before the
 //! limiter; a request without a token is limited on the free plan by its
-//! address.
+//! address. The plan is a claim the server signed, so a client cannot pick
+//! its own. The self-test run checks every row it prints and exits with
+//! status 1 if one differs.
 //!
 //! `jsonwebtoken` is built without its crypto backends (`rust_crypto` also
 //! compiles RSA, ECDSA and Ed25519, `aws_lc_rs` compiles C); the HS256-only
 //! provider at the end of this file uses RustCrypto's `hmac` and `sha2`.
 
+use std::process::ExitCode;
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
@@ -28,7 +31,7 @@ use http::StatusCode;
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
 use tower_rate_tier::{Quota, RateTier, TierIdentity, TierLimitLayer};
-use tower_rate_tier_examples::{Client, header, row, serve_axum, serve_forever, serve_mode};
+use tower_rate_tier_examples::{Client, SelfTest, serve_axum, serve_forever, serve_mode, want};
 
 /// The claims our tokens carry: the user, their plan, the expiry.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -74,7 +77,7 @@ async fn me(claims: Option<Extension<Claims>>) -> String {
 fn app(secret: &[u8]) -> Router {
     let tiers = RateTier::builder()
         .tier("free", Quota::per_minute(3))
-        .tier("pro", Quota::per_minute(60))
+        .tier("pro", Quota::per_hour(1_000))
         .default_tier("free") // no token: free, keyed by address; unknown plan: free
         .build();
     let limiter = TierLimitLayer::new(tiers).identifier_parts_fn(|parts| {
@@ -107,11 +110,11 @@ fn token(secret: &[u8], sub: &str, plan: &str, exp: u64) -> String {
 }
 
 #[tokio::main]
-async fn main() {
+async fn main() -> ExitCode {
     hs256::install();
     let secret = b"an example secret; load yours from the environment";
     let (addr, server) = serve_axum(app(secret)).await;
-    println!("serving on http://{addr} (free: 3 requests/minute, pro: 60)\n");
+    println!("serving on http://{addr} (free: 3 requests/minute, pro: 1,000/hour)\n");
 
     let in_an_hour = jsonwebtoken::get_current_timestamp() + 3600;
     let alice = format!("Bearer {}", token(secret, "alice", "free", in_an_hour));
@@ -128,43 +131,54 @@ async fn main() {
         println!("  curl -i -H 'authorization: {bob}' http://{addr}/me");
         println!("\nCtrl-C to stop.");
         serve_forever(server).await;
-        return;
+        return ExitCode::SUCCESS;
     }
 
     let client = Client::new(addr);
-    header();
-    for _ in 0..4 {
-        row(
+    let mut test = SelfTest::new();
+    let as_alice = [("authorization", alice.as_str())];
+    for remaining in ["2", "1", "0"] {
+        test.row(
             "GET /me",
             "alice (free)",
-            &client.get("/me", &[("authorization", &alice)]).await,
+            &client.get("/me", &as_alice).await,
+            want(200, remaining, "-"),
         );
     }
-    for _ in 0..2 {
-        row(
+    // 3 a minute: a unit comes back every 20 s
+    test.row(
+        "GET /me",
+        "alice (free)",
+        &client.get("/me", &as_alice).await,
+        want(429, "0", "20"),
+    );
+    let as_bob = [("authorization", bob.as_str())];
+    for remaining in ["999", "998"] {
+        test.row(
             "GET /me",
             "bob (pro)",
-            &client.get("/me", &[("authorization", &bob)]).await,
+            &client.get("/me", &as_bob).await,
+            want(200, remaining, "-"),
         );
     }
-    row(
+    // a token signed with another key, or expired, never reaches the limiter
+    let reply = client.get("/me", &[("authorization", &forged)]).await;
+    test.row("GET /me", "forged token", &reply, want(401, "-", "-"));
+    let reply = client.get("/me", &[("authorization", &expired)]).await;
+    test.row("GET /me", "expired token", &reply, want(401, "-", "-"));
+    test.row(
         "GET /me",
-        "forged token",
-        &client.get("/me", &[("authorization", &forged)]).await,
+        "no token",
+        &client.get("/me", &[]).await,
+        want(200, "2", "-"),
     );
-    row(
-        "GET /me",
-        "expired token",
-        &client.get("/me", &[("authorization", &expired)]).await,
-    );
-    row("GET /me", "no token", &client.get("/me", &[]).await);
-    let reply = client.get("/me", &[("authorization", &bob)]).await;
-    println!(
-        "\nbob's /me says: {}",
-        String::from_utf8_lossy(&reply.body).trim()
-    );
+    let reply = client.get("/me", &as_bob).await;
+    let says = String::from_utf8_lossy(&reply.body).trim().to_owned();
+    println!("\nbob's /me says: {says}");
+    test.equal("bob's /me", says.as_str(), "bob on the pro plan");
     println!("alice's 4th request in a minute is refused (429); bad tokens never reach the limiter (401).");
     server.abort();
+    test.finish()
 }
 
 /// An HS256-only crypto provider for `jsonwebtoken`.

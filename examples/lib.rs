@@ -1,5 +1,6 @@
 //! Scaffolding shared by the examples of tower-rate-tier: serving an app on
-//! 127.0.0.1, a small HTTP client, and a table of what came back.
+//! 127.0.0.1, a small HTTP client, and a [`SelfTest`] that prints a table of
+//! what came back and checks it.
 //!
 //! None of this is needed to use the crate; the rate-limiting code of each
 //! example is in the example itself. Run them from the workspace root:
@@ -8,8 +9,14 @@
 //! cargo run --example quickstart            # a self-test run, then exits
 //! cargo run --example quickstart -- --serve # keeps serving, for curl
 //! ```
+//!
+//! A self-test run checks every status, remaining count and retry delay it
+//! prints against what the example says it shows, and exits with status 1
+//! when one differs.
 
+use std::fmt::Debug;
 use std::net::SocketAddr;
+use std::process::ExitCode;
 
 use axum::Router;
 use bytes::Bytes;
@@ -115,24 +122,102 @@ impl Client {
     }
 }
 
-/// Prints the header of the table [`row`] prints.
-pub fn header() {
-    println!(
-        "  {:<22}  {:<20}  {:<6}  {:>5}  {:>9}  {:>11}",
-        "request", "client", "status", "limit", "remaining", "retry-after"
-    );
+/// What a reply must show: its status, `X-RateLimit-Remaining` and
+/// `Retry-After`, each as printed (`-` for a field that must be absent).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Want {
+    /// The status.
+    pub status: u16,
+    /// `X-RateLimit-Remaining`, or `-`.
+    pub remaining: &'static str,
+    /// `Retry-After`, or `-`.
+    pub retry_after: &'static str,
 }
 
-/// Prints one request and what came back: status, `X-RateLimit-Limit`,
-/// `X-RateLimit-Remaining`, `Retry-After`.
-pub fn row(request: &str, client: &str, reply: &Reply) {
-    println!(
-        "  {:<22}  {:<20}  {:<6}  {:>5}  {:>9}  {:>11}",
-        request,
-        client,
-        reply.status.as_u16(),
-        reply.header("x-ratelimit-limit"),
-        reply.header("x-ratelimit-remaining"),
-        reply.header("retry-after"),
-    );
+/// A reply's status, `X-RateLimit-Remaining` and `Retry-After` (`-` for an
+/// absent field): `want(429, "0", "12")`.
+pub fn want(status: u16, remaining: &'static str, retry_after: &'static str) -> Want {
+    Want {
+        status,
+        remaining,
+        retry_after,
+    }
+}
+
+/// An example's self-test: prints a table of requests and what came back,
+/// checks each row against what the example claims, and ends with an exit
+/// status that says whether every check held.
+#[derive(Debug, Default)]
+pub struct SelfTest {
+    checks: usize,
+    failures: Vec<String>,
+}
+
+impl SelfTest {
+    /// A self-test; prints the table's header.
+    pub fn new() -> Self {
+        println!(
+            "  {:<22}  {:<20}  {:<6}  {:>5}  {:>9}  {:>11}",
+            "request", "client", "status", "limit", "remaining", "retry-after"
+        );
+        SelfTest::default()
+    }
+
+    /// Prints one request and what came back (status, `X-RateLimit-Limit`,
+    /// `X-RateLimit-Remaining`, `Retry-After`), and checks it against `want`.
+    pub fn row(&mut self, request: &str, client: &str, reply: &Reply, want: Want) {
+        let status = reply.status.as_u16();
+        let remaining = reply.header("x-ratelimit-remaining");
+        let retry_after = reply.header("retry-after");
+        println!(
+            "  {:<22}  {:<20}  {:<6}  {:>5}  {:>9}  {:>11}",
+            request,
+            client,
+            status,
+            reply.header("x-ratelimit-limit"),
+            remaining,
+            retry_after,
+        );
+        if (status, remaining, retry_after) == (want.status, want.remaining, want.retry_after) {
+            self.checks += 1;
+        } else {
+            self.fail(format!(
+                "{request} as {client}: expected status {}, remaining {}, retry-after {}; \
+                 got {status}, {remaining}, {retry_after}",
+                want.status, want.remaining, want.retry_after
+            ));
+        }
+    }
+
+    /// Checks that `got` is `expected`.
+    pub fn equal<T: PartialEq + Debug>(&mut self, what: &str, got: T, expected: T) {
+        if got == expected {
+            self.checks += 1;
+        } else {
+            self.fail(format!("{what}: expected {expected:?}, got {got:?}"));
+        }
+    }
+
+    fn fail(&mut self, message: String) {
+        println!("  ^ MISMATCH: {message}");
+        self.failures.push(message);
+    }
+
+    /// Reports the result: success when every check held, else the
+    /// mismatches (on stderr) and exit status 1.
+    pub fn finish(self) -> ExitCode {
+        if self.failures.is_empty() {
+            println!("\nself-test: all {} checks hold", self.checks);
+            return ExitCode::SUCCESS;
+        }
+        eprintln!(
+            "\nself-test FAILED: {} of {} checks",
+            self.failures.len(),
+            self.checks + self.failures.len()
+        );
+        for failure in &self.failures {
+            eprintln!("  {failure}");
+        }
+        ExitCode::FAILURE
+    }
 }

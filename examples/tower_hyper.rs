@@ -6,14 +6,18 @@
 //! cargo run --example tower_hyper -- --serve # keeps serving, for curl
 //! ```
 //!
-//! The request body is hyper's own `Incoming`; the response body is any
-//! type that can be built from `Bytes` (here `Full<Bytes>`). Without axum
-//! there is no `MatchedPath` or `ConnectInfo`: the cost comes from a
+//! The request body is hyper's own `Incoming`, the response body the
+//! service's own (here `Full<Bytes>`): the limiter answers refusals in a
+//! `ResponseBody` around it and never builds the inner body type. Without
+//! axum there is no `MatchedPath` or `ConnectInfo`: the cost comes from a
 //! `cost_fn` over the path, and the peer address from a [`PeerAddr`]
 //! extension inserted per connection (it keys clients without an API key).
+//! The self-test run checks every row it prints and exits with status 1 if
+//! one differs.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::process::ExitCode;
 
 use bytes::Bytes;
 use http::{HeaderMap, Request, Response};
@@ -25,7 +29,7 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tower::ServiceBuilder;
 use tower_rate_tier::{PeerAddr, Quota, RateTier, TierIdentity, TierLimitLayer};
-use tower_rate_tier_examples::{Client, bind_loopback, header, row, serve_mode};
+use tower_rate_tier_examples::{Client, SelfTest, bind_loopback, serve_mode, want};
 
 async fn handle(request: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
     let body = match request.uri().path() {
@@ -35,16 +39,24 @@ async fn handle(request: Request<Incoming>) -> Result<Response<Full<Bytes>>, Inf
     Ok(Response::new(Full::new(Bytes::from_static(body.as_bytes()))))
 }
 
+/// API key -> (account, plan); a database in a real service. The plan is
+/// the server's record, never something the client sends.
+const API_KEYS: &[(&str, &str, &str)] = &[
+    ("key-3e1", "acct-1", "free"),
+    ("key-7c4", "acct-2", "pro"),
+    ("key-b09", "acct-3", "free"),
+];
+
 fn identify(headers: &HeaderMap) -> Option<TierIdentity> {
     let key = headers.get("x-api-key")?.to_str().ok()?;
-    let tier = if key.starts_with("pro-") { "pro" } else { "free" };
-    Some(TierIdentity::new(key, tier))
+    let (_, account, plan) = API_KEYS.iter().find(|(k, _, _)| *k == key)?;
+    Some(TierIdentity::new(*account, *plan))
 }
 
 fn limiter() -> TierLimitLayer {
     let tiers = RateTier::builder()
         .tier("free", Quota::per_minute(4))
-        .tier("pro", Quota::per_minute(100))
+        .tier("pro", Quota::per_hour(1_000))
         .default_tier("free")
         .build();
     TierLimitLayer::new(tiers)
@@ -77,46 +89,66 @@ async fn serve(listener: TcpListener, limiter: TierLimitLayer) {
 }
 
 #[tokio::main]
-async fn main() {
+async fn main() -> ExitCode {
     let listener = bind_loopback().await;
     let addr: SocketAddr = listener.local_addr().expect("the listener's address");
     let server = tokio::spawn(serve(listener, limiter()));
-    println!("serving on http://{addr} with hyper (free: 4 requests/minute, pro: 100; /search costs 5)\n");
+    println!(
+        "serving on http://{addr} with hyper (free: 4 requests/minute, pro: 1,000/hour; /search costs 5)\n"
+    );
 
     if serve_mode() {
         println!("try:");
-        println!("  curl -i -H 'x-api-key: free-1' http://{addr}/");
-        println!("  curl -i -H 'x-api-key: pro-1' http://{addr}/search");
-        println!("  curl -i http://{addr}/            # no key: free, keyed by address");
+        println!("  curl -i -H 'x-api-key: key-3e1' http://{addr}/         # free");
+        println!("  curl -i -H 'x-api-key: key-7c4' http://{addr}/search   # pro; costs 5");
+        println!("  curl -i http://{addr}/                                # no key: free, keyed by address");
         println!("\nCtrl-C to stop.");
         server.await.expect("the server task panicked");
-        return;
+        return ExitCode::SUCCESS;
     }
 
     let client = Client::new(addr);
-    header();
-    for _ in 0..5 {
-        row(
+    let mut test = SelfTest::new();
+    let free = [("x-api-key", "key-3e1")];
+    for remaining in ["3", "2", "1", "0"] {
+        test.row(
             "GET /",
-            "free-1",
-            &client.get("/", &[("x-api-key", "free-1")]).await,
+            "acct-1 (free)",
+            &client.get("/", &free).await,
+            want(200, remaining, "-"),
         );
     }
-    for _ in 0..2 {
-        row(
-            "GET /search",
-            "pro-1",
-            &client.get("/search", &[("x-api-key", "pro-1")]).await,
-        );
-    }
-    row(
-        "GET /search",
-        "free-2",
-        &client.get("/search", &[("x-api-key", "free-2")]).await,
+    // 4 a minute: a unit comes back every 15 s
+    test.row(
+        "GET /",
+        "acct-1 (free)",
+        &client.get("/", &free).await,
+        want(429, "0", "15"),
     );
-    row("GET /", "no key (by address)", &client.get("/", &[]).await);
+    let pro = [("x-api-key", "key-7c4")];
+    for remaining in ["995", "990"] {
+        test.row(
+            "GET /search",
+            "acct-2 (pro)",
+            &client.get("/search", &pro).await,
+            want(200, remaining, "-"),
+        );
+    }
+    // 5 is more than the free burst of 4: it can never pass
+    let reply = client.get("/search", &[("x-api-key", "key-b09")]).await;
+    test.row("GET /search", "acct-3 (free)", &reply, want(403, "-", "-"));
+    // no key, or one the server does not know: the free plan, by address
+    test.row(
+        "GET /",
+        "no key (by address)",
+        &client.get("/", &[]).await,
+        want(200, "3", "-"),
+    );
+    let reply = client.get("/", &[("x-api-key", "pro-please")]).await;
+    test.row("GET /", "unknown key", &reply, want(200, "2", "-"));
     println!(
-        "\nfree-1's 5th request in a minute is refused (429); a search (5) is more than the free burst (403)."
+        "\nacct-1's 5th request in a minute is refused (429); a search (5) is more than the free burst (403)."
     );
     server.abort();
+    test.finish()
 }

@@ -33,6 +33,16 @@
 //! use axum::{Router, routing::get};
 //! use tower_rate_tier::{Quota, RateTier, TierIdentity, TierLimitLayer, tier_cost};
 //!
+//! /// API key -> (account, plan): the server's own records (a database in a
+//! /// real service). The plan never comes from what the client sends.
+//! fn account_of(api_key: &str) -> Option<(&'static str, &'static str)> {
+//!     match api_key {
+//!         "key-acme" => Some(("acme", "pro")),
+//!         "key-ada" => Some(("ada", "free")),
+//!         _ => None, // unidentified: the default tier, keyed by address
+//!     }
+//! }
+//!
 //! let tiers = RateTier::builder()
 //!     .tier("free", Quota::per_minute(10))
 //!     .tier("pro", Quota::per_minute(100))
@@ -45,9 +55,8 @@
 //!     .route("/", get(|| async { "hello" }))                               // costs 1
 //!     .route("/search", get(|| async { "results" }).layer(tier_cost(5)))  // costs 5
 //!     .layer(TierLimitLayer::new(tiers.clone()).identifier_fn(|headers| {
-//!         let user = headers.get("x-user")?.to_str().ok()?;
-//!         let plan = headers.get("x-plan").and_then(|p| p.to_str().ok()).unwrap_or("free");
-//!         Some(TierIdentity::new(user, plan))
+//!         let (account, plan) = account_of(headers.get("x-api-key")?.to_str().ok()?)?;
+//!         Some(TierIdentity::new(account, plan))
 //!     }));
 //! # let _ = app;
 //! # }
@@ -70,8 +79,9 @@
 //! ```
 //!
 //! The [README](https://github.com/tower-rate-tier/tower-rate-tier#readme)
-//! walks through identification, policies, headers, Redis and testing; the
-//! repository's `examples/` run as they are.
+//! walks through installing, identification, policies, headers, Redis and
+//! testing; the repository's `examples/` run as they are and check what they
+//! print. `MIGRATING.md` there covers moving from the crates.io 0.3 line.
 //!
 //! [tower]: https://docs.rs/tower
 #![cfg_attr(docsrs, feature(doc_cfg))]

@@ -30,7 +30,13 @@
 //! impl TierIdentifier for ApiKeys {
 //!     async fn identify(&self, headers: &HeaderMap) -> Option<TierIdentity> {
 //!         let key = headers.get("x-api-key")?.to_str().ok()?;
-//!         let plan = key.split_once('_')?.0; // a lookup in a real service
+//!         // the server's record of the key (a database in a real service),
+//!         // never a plan the client names
+//!         let plan = match key {
+//!             "pro_123" => "pro",
+//!             "free_456" => "free",
+//!             _ => return None,
+//!         };
 //!         Some(TierIdentity::new(key, plan))
 //!     }
 //! }
@@ -234,9 +240,14 @@ impl fmt::Debug for TierIdentity {
 /// impl TierIdentifier for ApiKeys {
 ///     async fn identify(&self, headers: &HeaderMap) -> Option<TierIdentity> {
 ///         let key = headers.get("x-api-key")?.to_str().ok()?;
-///         // a database lookup would go here
-///         let tier = if key.starts_with("pro_") { "pro" } else { "free" };
-///         Some(TierIdentity::new(key, tier))
+///         // the server's record of the key (a database lookup in a real
+///         // service): a client must never name its own tier
+///         let (account, tier) = match key {
+///             "k-7f3a" => ("acme", "pro"),
+///             "k-91bc" => ("ada", "free"),
+///             _ => return None,
+///         };
+///         Some(TierIdentity::new(account, tier))
 ///     }
 /// }
 /// ```

@@ -2,6 +2,7 @@
 //! the storage says.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use http::request::Parts;
 use http::{Extensions, HeaderMap, Method, Request, StatusCode};
@@ -14,6 +15,10 @@ use crate::policy::{OnMissing, OnUnknownTier};
 use crate::problem::problem;
 use crate::storage::{Decide, DecisionSource};
 use crate::tier::{CheckError, CheckResult, MAX_USER_ID_LEN, TierEntry, conclude};
+
+/// The key `ClientAddrs::anonymous_key` gives an unidentified client
+/// without a peer address (`limit/tests.rs` checks the two agree).
+const NO_ADDRESS_KEY: &str = "\0anonymous";
 
 /// What the limiter decided about a request.
 pub(crate) enum Admission {
@@ -361,6 +366,9 @@ impl Shared {
             OnMissing::UseDefault => match tiers.default_entry() {
                 Some(tier) => {
                     let user = self.client_addrs.anonymous_key(head.headers(), head.extensions());
+                    if user == NO_ADDRESS_KEY {
+                        self.warn_no_address();
+                    }
                     Ok((user, tier))
                 }
                 None => Err(Admission::Refuse(problem(
@@ -375,6 +383,20 @@ impl Shared {
                 "the client is not identified",
                 serde_json::Value::Null,
             ))),
+        }
+    }
+
+    /// Logs, once per layer, that an anonymous client had no address: all
+    /// such clients share one bucket, which one of them can spend for all.
+    fn warn_no_address(&self) {
+        let warned = &self.warned_no_address;
+        if !warned.load(Ordering::Relaxed) && !warned.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                target: "tower_rate_tier",
+                "an unidentified client has no peer address, so every such client shares one bucket of the \
+                 default tier; serve axum with `into_make_service_with_connect_info::<SocketAddr>()`, or \
+                 insert a `PeerAddr` extension per connection (logged once per layer)"
+            );
         }
     }
 

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 
 use bytes::Bytes;
 use http::request::Parts;
@@ -38,6 +39,9 @@ pub(crate) struct Shared {
     pub(crate) on_unknown_tier: OnUnknownTier,
     pub(crate) cost_fn: Option<Arc<CostFn>>,
     pub(crate) client_addrs: ClientAddrs,
+    /// Set once this layer has warned that it keyed an anonymous client
+    /// without an address (see `Shared::unidentified`).
+    pub(crate) warned_no_address: Arc<AtomicBool>,
     #[cfg(feature = "buffered-body")]
     pub(crate) body: super::buffered::BodyLimits,
     #[cfg(feature = "grpc")]
@@ -56,13 +60,26 @@ pub(crate) struct Shared {
 ///
 /// It works under axum's `Router::layer` (one router-wide layer charges every
 /// route's cost exactly), in a `tower::ServiceBuilder`, and around any tower
-/// HTTP service whose response body can be built from [`Bytes`].
+/// HTTP service: refusals travel in a [`ResponseBody`](crate::ResponseBody),
+/// so the limiter never builds the inner service's body type.
+///
+/// The identity, and above all the tier, must come from something the
+/// server trusts (an API-key lookup, verified token claims, what an auth
+/// middleware left in the request), never from a value the client sends:
+/// a client that names its own plan picks the largest. Here an auth
+/// middleware has checked the caller and left its `Account`:
 ///
 /// ```
 /// # #[cfg(feature = "axum")] {
 /// use axum::{Router, routing::get};
-/// use http::HeaderMap;
 /// use tower_rate_tier::{Quota, RateTier, TierIdentity, TierLimitLayer};
+///
+/// /// What the auth middleware inserts once it has checked the credentials.
+/// #[derive(Clone)]
+/// struct Account {
+///     id: String,
+///     plan: String,
+/// }
 ///
 /// let tiers = RateTier::builder()
 ///     .tier("free", Quota::per_minute(10))
@@ -72,14 +89,19 @@ pub(crate) struct Shared {
 ///
 /// let app: Router = Router::new()
 ///     .route("/", get(|| async { "hello" }))
-///     .layer(TierLimitLayer::new(tiers).identifier_fn(|headers: &HeaderMap| {
-///         let user = headers.get("x-user")?.to_str().ok()?;
-///         let tier = headers.get("x-tier").and_then(|t| t.to_str().ok()).unwrap_or("free");
-///         Some(TierIdentity::new(user, tier))
+///     .layer(TierLimitLayer::new(tiers).identifier_parts_fn(|parts| {
+///         let account = parts.extensions.get::<Account>()?;
+///         Some(TierIdentity::new(&account.id, account.plan.as_str()))
 ///     }));
 /// # let _ = app;
 /// # }
 /// ```
+///
+/// Clients without an identity are limited on the default tier, keyed by
+/// their address: serve axum with
+/// `into_make_service_with_connect_info::<SocketAddr>()` (or insert a
+/// [`PeerAddr`](crate::PeerAddr)), or they all share one bucket (the layer
+/// logs a warning the first time).
 #[derive(Clone)]
 pub struct TierLimitLayer {
     pub(crate) shared: Arc<Shared>,
@@ -103,6 +125,7 @@ impl TierLimitLayer {
                 on_unknown_tier: OnUnknownTier::default(),
                 cost_fn: None,
                 client_addrs: ClientAddrs::default(),
+                warned_no_address: Arc::default(),
                 #[cfg(feature = "buffered-body")]
                 body: super::buffered::BodyLimits::default(),
                 #[cfg(feature = "grpc")]
@@ -113,8 +136,13 @@ impl TierLimitLayer {
         }
     }
 
+    /// The configuration, for a builder method. A layer configured from a
+    /// clone of another is a layer of its own, with its own one-time
+    /// warnings.
     pub(crate) fn config(&mut self) -> &mut Shared {
-        Arc::make_mut(&mut self.shared)
+        let shared = Arc::make_mut(&mut self.shared);
+        shared.warned_no_address = Arc::default();
+        shared
     }
 
     /// The refusal settings, which the charges share.

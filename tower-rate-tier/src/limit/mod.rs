@@ -15,6 +15,8 @@ mod buffered;
 mod future;
 mod layer;
 mod service;
+#[cfg(test)]
+mod tests;
 
 #[cfg(feature = "buffered-body")]
 pub use buffered::{BufferedTierLimitLayer, BufferedTierLimitService};

@@ -1,0 +1,105 @@
+//! The warning a layer logs when it keys an anonymous client without an
+//! address.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use http::{Request, Response, StatusCode};
+use tower::ServiceExt;
+use tower_layer::Layer;
+use tracing::span::{Attributes, Id, Record};
+use tracing::{Event, Level, Metadata};
+
+use crate::identity::PeerAddr;
+use crate::{Quota, RateTier, TierLimitLayer};
+
+/// Counts the warnings of the admission module.
+struct Warnings(Arc<AtomicUsize>);
+
+impl tracing::Subscriber for Warnings {
+    fn enabled(&self, _: &Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &Attributes<'_>) -> Id {
+        Id::from_u64(1)
+    }
+    fn record(&self, _: &Id, _: &Record<'_>) {}
+    fn record_follows_from(&self, _: &Id, _: &Id) {}
+    fn event(&self, event: &Event<'_>) {
+        let meta = event.metadata();
+        if *meta.level() == Level::WARN && meta.module_path() == Some("tower_rate_tier::limit::admit") {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    fn enter(&self, _: &Id) {}
+    fn exit(&self, _: &Id) {}
+}
+
+fn layer() -> TierLimitLayer {
+    let tiers = RateTier::builder()
+        .tier("free", Quota::per_minute(2))
+        .default_tier("free")
+        .build();
+    TierLimitLayer::new(tiers) // no identifier: every client is anonymous
+}
+
+/// Sends anonymous requests through `layer`, with `peer` as their address
+/// when given, and returns their statuses and the warnings logged.
+fn send(layers: &[&TierLimitLayer], peer: Option<&str>, each: usize) -> (Vec<StatusCode>, usize) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("a runtime");
+    let warnings = Arc::new(AtomicUsize::new(0));
+    let _subscriber = tracing::subscriber::set_default(Warnings(warnings.clone()));
+    let mut statuses = Vec::new();
+    for layer in layers {
+        let service = layer.layer(tower::service_fn(|_: Request<()>| async {
+            Ok::<_, Infallible>(Response::new(()))
+        }));
+        for _ in 0..each {
+            let mut request = Request::new(());
+            if let Some(peer) = peer {
+                let addr: SocketAddr = peer.parse().expect("an address");
+                request.extensions_mut().insert(PeerAddr(addr));
+            }
+            let response = runtime
+                .block_on(service.clone().oneshot(request))
+                .expect("infallible");
+            statuses.push(response.status());
+        }
+    }
+    (statuses, warnings.load(Ordering::SeqCst))
+}
+
+#[test]
+fn a_layer_warns_once_when_anonymous_clients_have_no_address() {
+    let layer = layer();
+    let (statuses, warnings) = send(&[&layer], None, 3);
+    // all of them in one bucket of 2: the third is refused
+    assert_eq!(
+        statuses,
+        [StatusCode::OK, StatusCode::OK, StatusCode::TOO_MANY_REQUESTS]
+    );
+    assert_eq!(warnings, 1);
+    // the same layer, later: it has warned already
+    assert_eq!(send(&[&layer], None, 1).1, 0);
+}
+
+#[test]
+fn each_layer_warns_for_itself() {
+    let first = layer();
+    let second = first.clone().on_unknown_tier(crate::OnUnknownTier::Allow);
+    assert_eq!(send(&[&first, &second], None, 2).1, 2);
+}
+
+#[test]
+fn clients_with_an_address_cause_no_warning() {
+    let layer = layer();
+    let (statuses, warnings) = send(&[&layer], Some("192.0.2.7:4000"), 2);
+    assert_eq!(statuses, [StatusCode::OK, StatusCode::OK]);
+    assert_eq!(warnings, 0);
+    // a second address has a bucket of its own
+    assert_eq!(send(&[&layer], Some("192.0.2.8:4000"), 1).0, [StatusCode::OK]);
+}
