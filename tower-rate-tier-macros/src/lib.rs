@@ -1,4 +1,6 @@
-//! Procedural macros for [`tower-rate-tier`](https://docs.rs/tower-rate-tier).
+//! Procedural macros for `tower-rate-tier` (0.4, the successor of the 0.3
+//! line on crates.io); use them through its re-exports
+//! (`tower_rate_tier::{rate_tiers, tier_cost}`).
 //!
 //! Use them through the runtime crate's re-exports
 //! (`tower_rate_tier::rate_tiers`, `tower_rate_tier::tier_cost`): the

@@ -309,8 +309,11 @@ pub(crate) fn missing_limiter(cost: u32) -> Response<Bytes> {
     tracing::error!(
         target: "tower_rate_tier",
         cost,
-        "a route declares a rate-limit cost but no TierLimitLayer ran before it; refusing the request \
-         (add the limiter with Router::layer after all routes)"
+        "a route declares a rate-limit cost (tier_cost or #[tier_cost]) but no TierLimitLayer ran before it, \
+         so the request is refused (500) rather than let through uncounted; add the limiter with \
+         Router::layer after all routes, or on a method router after the cost \
+         (get(h).layer(tier_cost(n)).layer(limiter): the last layer runs first). 0.3's route-level order, \
+         .layer(limiter).layer(tier_cost(n)), runs the cost first and ends here"
     );
     problem(
         StatusCode::INTERNAL_SERVER_ERROR,
