@@ -388,3 +388,80 @@ fn shadowed_refusals_count_as_shadow_limited() {
         [("allowed".to_owned(), 1), ("shadow_limited".to_owned(), 2)].into()
     );
 }
+
+/// Around a deny cache, denials it answers itself are counted; around a
+/// fallback, the gauge says whether it answers locally.
+#[test]
+fn deny_cache_hits_and_the_fallback_gauge_are_reported() {
+    use std::sync::Arc;
+    use tower_rate_tier::clock::{Clock, FakeClock};
+    use tower_rate_tier::metrics::MeteredStorage;
+    use tower_rate_tier::storage::{
+        Decide, DenyCache, Fallback, MemoryStorage, Op, Storage, StorageError, StorageErrorKind, StorageKey,
+    };
+    use tower_rate_tier::{Quota, RateTier};
+
+    #[derive(Debug)]
+    struct Down;
+    impl Storage for Down {
+        fn decide(&self, _: StorageKey<'_>, _: &[Quota], _: Op, _: &Arc<dyn Clock>) -> Decide {
+            Decide::ready(Err(StorageError::new(StorageErrorKind::Unavailable, "down")))
+        }
+    }
+
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    metrics::with_local_recorder(&recorder, || {
+        let cached = RateTier::builder()
+            .tier("free", Quota::per_minute(1))
+            .clock(FakeClock::new())
+            .storage(MeteredStorage::new(
+                DenyCache::new(MemoryStorage::new()),
+                "cached",
+            ))
+            .build();
+        let fallback = Fallback::builder(Down).instances(2).failures_to_switch(1).build();
+        let local = RateTier::builder()
+            .tier("free", Quota::per_minute(4))
+            .clock(FakeClock::new())
+            .storage(MeteredStorage::new(fallback, "fallback"))
+            .build();
+        rt.block_on(async {
+            assert!(cached.check("ada", "free", 1).await.unwrap().is_ok());
+            for _ in 0..3 {
+                assert!(cached.check("ada", "free", 1).await.unwrap().is_err());
+            }
+            // answered by the fallback's local share (2 of 4)
+            assert!(local.check("bob", "free", 1).await.unwrap().is_ok());
+        });
+    });
+    let mut hits = None;
+    let mut active = None;
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let storage = key
+            .key()
+            .labels()
+            .find(|l| l.key() == "storage")
+            .map(|l| l.value().to_owned());
+        match (key.key().name(), storage.as_deref(), value) {
+            (
+                "tower_rate_tier_deny_cache_hits_total",
+                Some("cached"),
+                metrics_util::debugging::DebugValue::Counter(n),
+            ) => hits = Some(n),
+            (
+                "tower_rate_tier_fallback_active",
+                Some("fallback"),
+                metrics_util::debugging::DebugValue::Gauge(g),
+            ) => active = Some(g.into_inner()),
+            _ => {}
+        }
+    }
+    // the first denial asked the storage; the two after it were the cache's
+    assert_eq!(hits, Some(2));
+    assert_eq!(active, Some(1.0));
+}

@@ -6,8 +6,8 @@
 //! | `tower_rate_tier_requests_total` | counter | `tier`, `outcome` | every request the layer decides, once ([`TierLimitLayer::metrics`](crate::TierLimitLayer::metrics)) |
 //! | `tower_rate_tier_storage_duration_seconds` | histogram | `storage` | each storage operation, from the call to its answer ([`MeteredStorage`]) |
 //! | `tower_rate_tier_storage_errors_total` | counter | `storage`, `kind` | failed storage operations ([`MeteredStorage`]); `kind` is `timeout`, `unavailable`, `full` or `other` |
-//! | `tower_rate_tier_deny_cache_hits_total` | counter | `storage` | reserved for the deny-cache storage; not emitted yet |
-//! | `tower_rate_tier_fallback_active` | gauge | `storage` | reserved for the fallback storage (1 while it serves); not emitted yet |
+//! | `tower_rate_tier_deny_cache_hits_total` | counter | `storage` | denials answered by a deny cache without asking the storage ([`MeteredStorage`] around it) |
+//! | `tower_rate_tier_fallback_active` | gauge | `storage` | 1 while a [`Fallback`](crate::storage::Fallback) answers from its local limiter, 0 once the primary answers again ([`MeteredStorage`] around it) |
 //!
 //! The `outcome` of a request ([`Outcome`]):
 //!
@@ -89,7 +89,9 @@ use metrics::{Counter, Histogram, SharedString};
 use crate::clock::Clock;
 use crate::policy::{OnMissing, OnStorageError, OnUnknownTier};
 use crate::quota::Quota;
-use crate::storage::{Decide, Decision, Op, Storage, StorageError, StorageErrorKind, StorageKey};
+use crate::storage::{
+    Decide, Decision, DecisionSource, Op, Storage, StorageError, StorageErrorKind, StorageKey,
+};
 use crate::tier::{CheckError, CheckResult, RateTier};
 
 /// `tower_rate_tier_requests_total{tier, outcome}`.
@@ -98,11 +100,11 @@ pub const REQUESTS_TOTAL: &str = "tower_rate_tier_requests_total";
 pub const STORAGE_DURATION_SECONDS: &str = "tower_rate_tier_storage_duration_seconds";
 /// `tower_rate_tier_storage_errors_total{storage, kind}`.
 pub const STORAGE_ERRORS_TOTAL: &str = "tower_rate_tier_storage_errors_total";
-/// `tower_rate_tier_deny_cache_hits_total{storage}`: reserved for the deny
-/// cache, not emitted yet.
+/// `tower_rate_tier_deny_cache_hits_total{storage}`: denials a deny cache
+/// answered itself.
 pub const DENY_CACHE_HITS_TOTAL: &str = "tower_rate_tier_deny_cache_hits_total";
-/// `tower_rate_tier_fallback_active{storage}` (gauge): reserved for the
-/// fallback storage, not emitted yet.
+/// `tower_rate_tier_fallback_active{storage}` (gauge): 1 while a fallback
+/// answers locally.
 pub const FALLBACK_ACTIVE: &str = "tower_rate_tier_fallback_active";
 /// The `tier` label of requests charged to no configured tier.
 pub const UNKNOWN: &str = "unknown";
@@ -311,6 +313,8 @@ struct Probe {
     duration: Histogram,
     /// By [`kind_index`].
     errors: [Counter; 4],
+    deny_cache_hits: Counter,
+    fallback_active: metrics::Gauge,
 }
 
 fn kind_index(kind: StorageErrorKind) -> usize {
@@ -325,8 +329,14 @@ fn kind_index(kind: StorageErrorKind) -> usize {
 impl Probe {
     fn record(&self, started: Instant, result: &Result<Decision, StorageError>) {
         self.duration.record(started.elapsed().as_secs_f64());
-        if let Err(error) = result {
-            self.errors[kind_index(error.kind())].increment(1);
+        match result {
+            Err(error) => self.errors[kind_index(error.kind())].increment(1),
+            Ok(decision) => match decision.source {
+                DecisionSource::DenyCache => self.deny_cache_hits.increment(1),
+                DecisionSource::Fallback => self.fallback_active.set(1.0),
+                DecisionSource::Storage => self.fallback_active.set(0.0),
+                _ => {}
+            },
         }
     }
 }
@@ -338,10 +348,17 @@ impl<S: Storage> MeteredStorage<S> {
         let name: SharedString = name.into();
         let errors = ["timeout", "unavailable", "full", "other"]
             .map(|kind| metrics::counter!(STORAGE_ERRORS_TOTAL, "storage" => name.clone(), "kind" => kind));
-        let duration = metrics::histogram!(STORAGE_DURATION_SECONDS, "storage" => name);
+        let duration = metrics::histogram!(STORAGE_DURATION_SECONDS, "storage" => name.clone());
+        let deny_cache_hits = metrics::counter!(DENY_CACHE_HITS_TOTAL, "storage" => name.clone());
+        let fallback_active = metrics::gauge!(FALLBACK_ACTIVE, "storage" => name);
         MeteredStorage {
             inner,
-            probe: Arc::new(Probe { duration, errors }),
+            probe: Arc::new(Probe {
+                duration,
+                errors,
+                deny_cache_hits,
+                fallback_active,
+            }),
         }
     }
 
