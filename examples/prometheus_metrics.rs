@@ -23,11 +23,18 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tower_rate_tier::metrics::{MeteredStorage, STORAGE_DURATION_SECONDS};
 use tower_rate_tier::storage::MemoryStorage;
 use tower_rate_tier::{Quota, RateTier, TierIdentity, TierLimitLayer};
-use tower_rate_tier_examples::{Client, header, row, serve_axum, serve_forever, serve_mode};
+use tower_rate_tier_examples::{Client, SelfTest, serve_axum, serve_forever, serve_mode, want};
 
+/// The API keys the server knows, and each one's plan (a database in a real
+/// service): the plan comes from the server's records, never from the
+/// client.
 fn identify(headers: &HeaderMap) -> Option<TierIdentity> {
     let key = headers.get("x-api-key")?.to_str().ok()?;
-    let plan = if key.starts_with("pro-") { "pro" } else { "free" };
+    let plan = match key {
+        "free-1" | "free-2" => "free",
+        "pro-1" => "pro",
+        _ => return None,
+    };
     Some(TierIdentity::new(key, plan))
 }
 
@@ -61,16 +68,8 @@ fn app(scrape: PrometheusHandle) -> Router {
         .route("/metrics", get(move || std::future::ready(scrape.render())))
 }
 
-/// Exits with a message when a check fails.
-fn check(ok: bool, what: &str) {
-    if !ok {
-        eprintln!("FAIL: {what}");
-        std::process::exit(1);
-    }
-}
-
 #[tokio::main]
-async fn main() {
+async fn main() -> std::process::ExitCode {
     let handle = install_recorder();
     // Histogram samples wait in a buffer until a scrape or an upkeep folds
     // them into their buckets: run upkeep now and then, so that the buffer
@@ -92,30 +91,27 @@ async fn main() {
         println!("  curl http://{addr}/metrics");
         println!("\nCtrl-C to stop.");
         serve_forever(server).await;
-        return;
+        return std::process::ExitCode::SUCCESS;
     }
 
     let client = Client::new(addr);
-    header();
-    for _ in 0..4 {
-        row(
-            "GET /",
-            "free-1",
-            &client.get("/", &[("x-api-key", "free-1")]).await,
-        );
+    let mut test = SelfTest::new();
+    for expected in [
+        want(200, "2", "-"),
+        want(200, "1", "-"),
+        want(200, "0", "-"),
+        want(429, "0", "20"),
+    ] {
+        let reply = client.get("/", &[("x-api-key", "free-1")]).await;
+        test.row("GET /", "free-1", &reply, expected);
     }
-    for _ in 0..2 {
-        row(
-            "GET /report",
-            "pro-1",
-            &client.get("/report", &[("x-api-key", "pro-1")]).await,
-        );
+    for expected in [want(200, "95", "-"), want(200, "90", "-")] {
+        let reply = client.get("/report", &[("x-api-key", "pro-1")]).await;
+        test.row("GET /report", "pro-1", &reply, expected);
     }
-    row(
-        "GET /report",
-        "free-2",
-        &client.get("/report", &[("x-api-key", "free-2")]).await,
-    );
+    // a cost of 5 above the free burst of 3: 403, never a 429
+    let reply = client.get("/report", &[("x-api-key", "free-2")]).await;
+    test.row("GET /report", "free-2", &reply, want(403, "-", "-"));
 
     let scrape = client.get("/metrics", &[]).await;
     let text = String::from_utf8_lossy(&scrape.body);
@@ -136,15 +132,17 @@ async fn main() {
         r#"tower_rate_tier_storage_duration_seconds_count{storage="memory"} 6"#,
         r#"tower_rate_tier_storage_errors_total{storage="memory",kind="timeout"} 0"#,
     ] {
-        check(has(expected), &format!("the scrape has `{expected}`"));
+        test.equal(&format!("the scrape has `{expected}`"), has(expected), true);
     }
-    check(
-        text.contains(r#"tower_rate_tier_storage_duration_seconds_bucket{storage="memory",le="0.1"} 6"#),
+    test.equal(
         "the storage latency has the configured buckets",
+        text.contains(r#"tower_rate_tier_storage_duration_seconds_bucket{storage="memory",le="0.1"} 6"#),
+        true,
     );
-    check(
-        !text.contains("free-1") && !text.contains("pro-1"),
+    test.equal(
         "no API key appears in the scrape",
+        !text.contains("free-1") && !text.contains("pro-1"),
+        true,
     );
-    println!("\nall checks passed");
+    test.finish()
 }
