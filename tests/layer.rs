@@ -1255,3 +1255,62 @@ fn a_response_future_polled_after_completion_panics_clearly() {
     let message = message.downcast_ref::<&str>().copied().unwrap_or_default();
     assert!(message.contains("polled after completion"), "{message}");
 }
+
+/// A fallback's switches reach `on_event`, once each way.
+#[tokio::test]
+async fn fallback_switches_are_reported_through_on_event_once_each_way() {
+    use std::sync::atomic::AtomicBool;
+    use tower_rate_tier::storage::Fallback;
+
+    /// A storage that fails while `down` is set.
+    #[derive(Debug, Clone, Default)]
+    struct Flaky {
+        inner: MemoryStorage,
+        down: Arc<AtomicBool>,
+    }
+    impl Storage for Flaky {
+        fn decide(&self, key: StorageKey<'_>, bands: &[Quota], op: Op, clock: &Arc<dyn Clock>) -> Decide {
+            if self.down.load(Ordering::SeqCst) {
+                return Decide::ready(Err(StorageError::new(StorageErrorKind::Unavailable, "down")));
+            }
+            self.inner.decide(key, bands, op, clock)
+        }
+    }
+
+    let flaky = Flaky::default();
+    let down = flaky.down.clone();
+    let storage = Fallback::builder(flaky)
+        .instances(2)
+        .failures_to_switch(1)
+        .probe_interval(Duration::from_millis(1))
+        .build();
+    let clock = FakeClock::new();
+    let tiers = RateTier::builder()
+        .tier("free", Quota::per_minute(100))
+        .clock(clock.clone())
+        .storage(storage)
+        .build();
+    let switches = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = switches.clone();
+    let app = Router::new().route("/", get(|| async { "ok" })).layer(
+        TierLimitLayer::new(tiers)
+            .identifier_fn(header_identity)
+            .on_event(move |e| {
+                if let RateLimitEvent::Fallback { active } = e {
+                    seen.lock().unwrap().push(*active);
+                }
+            }),
+    );
+    assert_eq!(hit(&app, "GET", "/", "ada").await.0, 200);
+    down.store(true, Ordering::SeqCst);
+    for _ in 0..3 {
+        assert_eq!(hit(&app, "GET", "/", "ada").await.0, 200);
+    }
+    down.store(false, Ordering::SeqCst);
+    // the next probe is due (on the limiter's clock)
+    clock.advance(Duration::from_millis(5));
+    for _ in 0..3 {
+        assert_eq!(hit(&app, "GET", "/", "ada").await.0, 200);
+    }
+    assert_eq!(*switches.lock().unwrap(), [true, false]);
+}

@@ -115,6 +115,13 @@ pub enum RateLimitEvent<'a> {
         /// The tier.
         tier: &'a str,
     },
+    /// The storage started (`active: true`) or stopped answering from a
+    /// [`Fallback`](crate::storage::Fallback)'s local limiter, as this
+    /// layer's decisions show: reported once per switch, each way.
+    Fallback {
+        /// Whether decisions now come from the local limiter.
+        active: bool,
+    },
     /// The client was not identified (or its user id was empty or too long).
     Unidentified,
     /// A route declares a cost but no limiter ran before it; it was refused

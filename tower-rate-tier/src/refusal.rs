@@ -52,6 +52,9 @@ pub(crate) struct Refusals {
     pub(crate) on_limited: Option<Arc<LimitedFn>>,
     pub(crate) pseudonyms: Pseudonyms,
     warnings: Arc<Warnings>,
+    /// Whether this layer's last decision came from a fallback's local
+    /// limiter.
+    fallback: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Names user ids in logs and events by a keyed hash (SipHash-1-3 under a
@@ -287,6 +290,16 @@ impl Refusals {
                 user: user.as_str(),
                 tier,
             });
+        }
+    }
+
+    /// Notes where a decision came from, and reports a switch to or from a
+    /// fallback's local limiter once.
+    pub(crate) fn decided_by(&self, source: crate::storage::DecisionSource) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let local = source == crate::storage::DecisionSource::Fallback;
+        if self.fallback.load(Relaxed) != local && self.fallback.swap(local, Relaxed) != local {
+            self.event(&RateLimitEvent::Fallback { active: local });
         }
     }
 

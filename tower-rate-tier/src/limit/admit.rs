@@ -227,6 +227,9 @@ impl Shared {
             if source == DecisionSource::Overflow {
                 self.ledger.refusals.overflow(&user, &tier.name);
             }
+            if !tier.unlimited {
+                self.ledger.refusals.decided_by(source);
+            }
         }
         match result {
             Ok(Ok(info)) => {
