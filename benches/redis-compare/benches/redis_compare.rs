@@ -207,6 +207,50 @@ async fn run(
     }
 }
 
+/// Hammers `users` (a spent quota) at `rate` checks per second in all,
+/// paced, until `stop`: the abusive clients next to admitted ones. Returns
+/// how many checks it made.
+fn hammer(
+    subjects: &Subjects,
+    rate: u32,
+    users: Arc<Vec<String>>,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<u64> {
+    let subjects = subjects.clone();
+    tokio::spawn(async move {
+        // 5 pacers, each on a tick of 5 / rate seconds
+        let pacers = 5u32;
+        let period = Duration::from_secs_f64(f64::from(pacers) / f64::from(rate.max(1)));
+        let mut tasks = Vec::new();
+        for p in 0..pacers {
+            let (subjects, users, stop) = (subjects.clone(), users.clone(), stop.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut tick = tokio::time::interval(period);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+                let quota = [tower_rate_tier::Quota::per_day(1)];
+                let (mut i, mut n) = (p as usize, 0u64);
+                while !stop.load(Ordering::Relaxed) {
+                    tick.tick().await;
+                    i = (i + 1) % users.len();
+                    let key = StorageKey {
+                        namespace: "",
+                        tier: "free",
+                        user: &users[i],
+                    };
+                    let _ = subjects.ours.check(key, &quota, 1).await;
+                    n += 1;
+                }
+                n
+            }));
+        }
+        let mut total = 0;
+        for t in tasks {
+            total += t.await.unwrap_or(0);
+        }
+        total
+    })
+}
+
 /// utime + stime of this process, in clock ticks (1/100 s).
 fn cpu_ticks() -> u64 {
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
@@ -360,6 +404,55 @@ async fn main() {
             median(&mut per_denial)
         );
     }
+    println!();
+
+    // Abusive clients next to admitted ones: 16 admitted tasks alone, then
+    // the same with hammering callers held at 5,000 checks/s on the spent
+    // quota, alternating; the admitted throughput should barely move.
+    println!(
+        "Admitted callers (16 tasks) alone and next to a spent quota hammered at 5,000 checks/s (median of {rounds}):"
+    );
+    println!();
+    println!("| admitted alone (checks/s) | admitted next to the hammering | ratio | hammering checks/s |");
+    println!("|---:|---:|---:|---:|");
+    let (mut alone, mut beside, mut ratios, mut hammered) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        let a = run(
+            &server,
+            &subjects,
+            Which::Ours,
+            16,
+            secs,
+            users.clone(),
+            Load::AdmitAll,
+        )
+        .await;
+        let stop = Arc::new(AtomicBool::new(false));
+        let pacer = hammer(&subjects, 5_000, spent.clone(), stop.clone());
+        let b = run(
+            &server,
+            &subjects,
+            Which::Ours,
+            16,
+            secs,
+            users.clone(),
+            Load::AdmitAll,
+        )
+        .await;
+        stop.store(true, Ordering::Relaxed);
+        let hammer_checks = pacer.await.unwrap_or(0);
+        alone.push(a.per_sec);
+        beside.push(b.per_sec);
+        ratios.push(b.per_sec / a.per_sec);
+        hammered.push(hammer_checks as f64 / secs);
+    }
+    println!(
+        "| {:.0} | {:.0} | {:.2} | {:.0} |",
+        median(&mut alone),
+        median(&mut beside),
+        median(&mut ratios),
+        median(&mut hammered)
+    );
     println!();
     drop(server);
 }
