@@ -372,3 +372,61 @@ async fn a_change_on_redis_keeps_the_state_of_bands_whose_window_stays() {
     tiers.set_tier("pro", Quota::per_hour(100)).unwrap();
     assert!(tiers.check("ada", "pro", 1).await.unwrap().is_err());
 }
+
+/// From a dark launch to enforcement at run time, and shadow events name
+/// users by their pseudonym, never by their id.
+#[tokio::test]
+async fn a_shadowed_tier_is_enforced_at_run_time_and_its_events_carry_no_user_id() {
+    let tiers = RateTier::builder()
+        .tier("beta", Quota::per_minute(1))
+        .shadow_tier("beta")
+        .clock(FakeClock::new())
+        .build();
+    let users = Arc::new(Mutex::new(Vec::new()));
+    let seen = users.clone();
+    let layer = TierLimitLayer::new(tiers.clone())
+        .identifier_fn(header_identity)
+        .on_event(move |e| {
+            if let RateLimitEvent::ShadowLimited { user, .. } = e {
+                seen.lock().unwrap().push(user.to_string());
+            }
+        });
+    let pseudonym = layer.user_pseudonym("ada-secret-id");
+    let app = Router::new().route("/", get(|| async { "ok" })).layer(layer);
+    assert_eq!(hit(&app, "ada-secret-id", "beta").await.status, StatusCode::OK);
+    assert_eq!(hit(&app, "ada-secret-id", "beta").await.status, StatusCode::OK);
+    assert_eq!(*users.lock().unwrap(), [pseudonym]);
+    // enforced from now on, the state kept: the spent minute is still spent
+    assert!(tiers.set_shadow("beta", false));
+    assert_eq!(
+        hit(&app, "ada-secret-id", "beta").await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert!(!tiers.set_shadow("gamma", true));
+}
+
+/// A custom 429 that sets its own `Retry-After` still gets the rate-limit
+/// fields.
+#[tokio::test]
+async fn a_custom_refusal_keeps_the_fields_it_did_not_set() {
+    let tiers = RateTier::builder()
+        .tier("free", Quota::per_minute(1))
+        .clock(FakeClock::new())
+        .build();
+    let app = Router::new().route("/", get(|| async { "ok" })).layer(
+        TierLimitLayer::new(tiers)
+            .identifier_fn(header_identity)
+            .on_limited(|l| {
+                http::Response::builder()
+                    .status(429)
+                    .header("retry-after", (l.retry_after_secs() + 1).to_string())
+                    .body(bytes::Bytes::from_static(b"slow down"))
+                    .unwrap()
+            }),
+    );
+    hit(&app, "ada", "free").await;
+    let refused = hit(&app, "ada", "free").await;
+    assert_eq!(refused.header("retry-after"), Some("61"), "the closure's own");
+    assert_eq!(refused.header("x-ratelimit-remaining"), Some("0"));
+    assert_eq!(refused.header("ratelimit-policy"), Some(r#""free";q=1;w=60"#));
+}

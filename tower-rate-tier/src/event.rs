@@ -65,7 +65,7 @@ pub enum RateLimitEvent<'a> {
     /// A request that would have been refused with 429 was let through:
     /// the layer, or its tier, is in shadow mode. Nothing was consumed.
     ShadowLimited {
-        /// The user.
+        /// The user's pseudonym (never the id).
         user: &'a str,
         /// The cost that did not fit.
         cost: u32,

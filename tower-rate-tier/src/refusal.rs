@@ -187,9 +187,14 @@ impl Refusals {
             Some(hook) => hook(limited),
             None => too_many_requests(limited),
         };
+        // The fields and `Retry-After` a custom response did not set itself.
         let headers = response.headers_mut();
-        if !headers.contains_key(http::header::RETRY_AFTER) {
+        if !headers.contains_key(crate::headers::X_RATELIMIT_REMAINING)
+            && !headers.contains_key(crate::headers::RATELIMIT)
+        {
             apply_limited_fields(headers, limited, self.headers);
+        }
+        if !headers.contains_key(http::header::RETRY_AFTER) {
             headers.insert(http::header::RETRY_AFTER, number(limited.retry_after_secs()));
         }
         response
@@ -197,8 +202,13 @@ impl Refusals {
 
     /// A refusal that shadow mode lets through: reported, not enforced.
     pub(crate) fn shadow_limited(&self, user: &str, cost: u32, limited: &RateLimited) {
-        tracing::debug!(target: "tower_rate_tier", user, tier = limited.tier(), cost, "rate limited (shadow mode: let through)");
-        self.event(&RateLimitEvent::ShadowLimited { user, cost, limited });
+        let user = self.pseudonyms.of(user);
+        tracing::debug!(target: "tower_rate_tier", %user, tier = limited.tier(), cost, "rate limited (shadow mode: let through)");
+        self.event(&RateLimitEvent::ShadowLimited {
+            user: user.as_str(),
+            cost,
+            limited,
+        });
     }
 
     /// A storage failure under [`OnStorageError`]: `None` lets the request

@@ -232,10 +232,14 @@ impl TierLimitLayer {
     /// 429 (or 403 for a cost above the burst) reaches the inner service,
     /// and consumes nothing, so that enforcing later does not start users in
     /// debt. Identification and unknown-tier policies still apply. A
-    /// shadowed request carries the rate-limit fields of the state that
-    /// would have refused it, without `Retry-After`; the event is
-    /// [`RateLimitEvent::ShadowLimited`]. One tier alone is shadowed with
-    /// [`RateTierBuilder::shadow_tier`](crate::RateTierBuilder::shadow_tier).
+    /// request shadowed instead of a 429 carries the rate-limit fields of the
+    /// state that would have refused it, without `Retry-After`, and is
+    /// reported as [`RateLimitEvent::ShadowLimited`]; one whose cost is above
+    /// the burst carries no fields and is reported as
+    /// [`RateLimitEvent::CostExceedsLimit`]. One tier alone is shadowed with
+    /// [`RateTierBuilder::shadow_tier`](crate::RateTierBuilder::shadow_tier),
+    /// and enforced again at run time with
+    /// [`RateTier::set_shadow`](crate::RateTier::set_shadow).
     pub fn shadow(mut self, shadow: bool) -> Self {
         Arc::make_mut(&mut self.config().ledger).shadow = shadow;
         self
@@ -267,8 +271,10 @@ impl TierLimitLayer {
         self
     }
 
-    /// Builds the 429 response yourself. The layer adds the rate-limit
-    /// headers and `Retry-After` to it unless the closure set them.
+    /// Builds the 429 response yourself. The layer adds `Retry-After` unless
+    /// the closure set it, and the rate-limit fields (as chosen with
+    /// [`headers`](Self::headers)) unless the closure set
+    /// `X-RateLimit-Remaining` or `RateLimit` itself.
     pub fn on_limited<F>(mut self, f: F) -> Self
     where
         F: Fn(&RateLimited) -> Response<Bytes> + Send + Sync + 'static,

@@ -65,6 +65,36 @@ impl RateTier {
         Ok(())
     }
 
+    /// Dark-launches (`true`) or enforces (`false`) the tier `name` for every
+    /// clone of this `RateTier`, keeping its bands and its users' state:
+    /// the step from a shadowed launch to enforcement. `false` when there is
+    /// no such tier.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// use tower_rate_tier::{Quota, RateTier};
+    ///
+    /// let tiers = RateTier::builder().tier("beta", Quota::per_minute(1)).shadow_tier("beta").build();
+    /// assert!(tiers.set_shadow("beta", false)); // enforced from now on
+    /// assert!(!tiers.set_shadow("nope", false));
+    /// # }
+    /// ```
+    pub fn set_shadow(&self, name: &str, shadow: bool) -> bool {
+        let mut found = false;
+        self.inner.table.rcu(|table| {
+            let Some(tier) = table.find(name) else {
+                found = false;
+                return Table::clone(table);
+            };
+            found = true;
+            let mut entry = TierEntry::clone(tier);
+            entry.shadow = shadow;
+            table.with(entry)
+        });
+        found
+    }
+
     /// Removes the tier `name` for every clone of this `RateTier`: `true`
     /// when it was removed, `false` when there is no such tier or it is the
     /// default tier (which cannot be removed; [`set_tier`](Self::set_tier)
