@@ -112,6 +112,8 @@ mod refusal;
 pub mod response;
 pub mod storage;
 pub mod tier;
+#[cfg(test)]
+mod warnings_for_tests;
 
 pub use async_trait::async_trait;
 pub use body::ResponseBody;

@@ -3,39 +3,15 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 
 use http::{Request, Response, StatusCode};
 use tower::ServiceExt;
 use tower_layer::Layer;
-use tracing::span::{Attributes, Id, Record};
-use tracing::{Event, Level, Metadata};
 
 use crate::identity::PeerAddr;
+use crate::warnings_for_tests::Warnings;
 use crate::{Quota, RateTier, TierLimitLayer};
-
-/// Counts the warnings of the admission module.
-struct Warnings(Arc<AtomicUsize>);
-
-impl tracing::Subscriber for Warnings {
-    fn enabled(&self, _: &Metadata<'_>) -> bool {
-        true
-    }
-    fn new_span(&self, _: &Attributes<'_>) -> Id {
-        Id::from_u64(1)
-    }
-    fn record(&self, _: &Id, _: &Record<'_>) {}
-    fn record_follows_from(&self, _: &Id, _: &Id) {}
-    fn event(&self, event: &Event<'_>) {
-        let meta = event.metadata();
-        if *meta.level() == Level::WARN && meta.module_path() == Some("tower_rate_tier::limit::admit") {
-            self.0.fetch_add(1, Ordering::SeqCst);
-        }
-    }
-    fn enter(&self, _: &Id) {}
-    fn exit(&self, _: &Id) {}
-}
 
 fn layer() -> TierLimitLayer {
     let tiers = RateTier::builder()
@@ -51,8 +27,8 @@ fn send(layers: &[&TierLimitLayer], peer: Option<&str>, each: usize) -> (Vec<Sta
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .expect("a runtime");
-    let warnings = Arc::new(AtomicUsize::new(0));
-    let _subscriber = tracing::subscriber::set_default(Warnings(warnings.clone()));
+    let (subscriber, warnings) = Warnings::of("tower_rate_tier::limit::admit");
+    let _subscriber = tracing::subscriber::set_default(subscriber);
     let mut statuses = Vec::new();
     for layer in layers {
         let service = layer.layer(tower::service_fn(|_: Request<()>| async {

@@ -347,36 +347,11 @@ impl fmt::Debug for RedisStorageBuilder {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::atomic::Ordering;
 
-    use tracing::span::{Attributes, Id, Record};
-    use tracing::{Event, Level, Metadata};
+    use crate::warnings_for_tests::Warnings;
 
     use super::*;
-
-    /// Counts the warnings this module logs.
-    struct Warnings(Arc<AtomicUsize>);
-
-    impl tracing::Subscriber for Warnings {
-        fn enabled(&self, _: &Metadata<'_>) -> bool {
-            true
-        }
-        fn new_span(&self, _: &Attributes<'_>) -> Id {
-            Id::from_u64(1)
-        }
-        fn record(&self, _: &Id, _: &Record<'_>) {}
-        fn record_follows_from(&self, _: &Id, _: &Id) {}
-        fn event(&self, event: &Event<'_>) {
-            let meta = event.metadata();
-            if *meta.level() == Level::WARN
-                && meta.module_path() == Some(module_path!().trim_end_matches("::tests"))
-            {
-                self.0.fetch_add(1, Ordering::SeqCst);
-            }
-        }
-        fn enter(&self, _: &Id) {}
-        fn exit(&self, _: &Id) {}
-    }
 
     fn warnings_when_built(builder: RedisStorageBuilder) -> usize {
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -384,8 +359,8 @@ mod tests {
             .build()
             .unwrap();
         let _inside = runtime.enter();
-        let seen = Arc::new(AtomicUsize::new(0));
-        tracing::subscriber::with_default(Warnings(seen.clone()), || {
+        let (subscriber, seen) = Warnings::of(module_path!().trim_end_matches("::tests"));
+        tracing::subscriber::with_default(subscriber, || {
             builder.connect_lazy().expect("a lazy storage");
         });
         seen.load(Ordering::SeqCst)
