@@ -524,6 +524,32 @@ fn sweep_removes_exactly_the_expired_keys() {
     assert_eq!(admit(&t, "full", 0).remaining, 10);
 }
 
+#[test]
+fn forty_tiers_on_one_storage_keep_apart_and_are_swept() {
+    // Many tiers (and so many scopes) on one storage: every tier counts
+    // its own users, and a sweep reaches every one of them.
+    let clock = FakeClock::new();
+    let storage = MemoryStorage::new();
+    let mut builder = RateTier::builder().clock(clock.clone()).storage(storage.clone());
+    for i in 0..40u32 {
+        builder = builder.tier(format!("t{i}"), Quota::per_second(i + 1));
+    }
+    let t = builder.build();
+    for i in 0..40u32 {
+        let tier = format!("t{i}");
+        for _ in 0..=i {
+            ready(t.check("ada", &tier, 1)).unwrap().unwrap();
+        }
+        let denied = ready(t.check("ada", &tier, 1)).unwrap().unwrap_err();
+        assert_eq!(denied.limit, i + 1, "tier {tier}");
+    }
+    assert_eq!(storage.len(), 40);
+    // every key is full again within 1 s and a few ns (intervals round up)
+    clock.advance(1_001 * MS);
+    assert_eq!(storage.sweep(), 40);
+    assert!(storage.is_empty());
+}
+
 async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while !done() {

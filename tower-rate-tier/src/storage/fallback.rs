@@ -15,12 +15,16 @@
 //!   without trying the primary, so they cost no timeout.
 //! * **Probe and return.** While answering locally, the first decision after
 //!   each [`probe_interval`](FallbackBuilder::probe_interval) (default 1 s)
-//!   goes to the primary instead (inline, no background task: a service
-//!   without traffic needs no probing). If the primary answers, that answer
-//!   is the decision and every later decision goes to the primary again;
-//!   the local state is discarded, never merged into the primary's. If not,
-//!   the probe is answered locally (after the primary's own timeout, at
-//!   worst).
+//!   sends the primary a probe in the background: a peek (`Op::Charge(0)`,
+//!   which changes nothing) of the same key, in a task of its own, while
+//!   the decision itself is answered locally at once. No request waits for
+//!   a primary that is still down. As soon as a probe is answered, every
+//!   later decision goes to the primary again; the local state is
+//!   discarded, never merged into the primary's. A service without traffic
+//!   sends no probes. Outside a tokio runtime (no task can be spawned), the
+//!   decision that makes a probe due is itself the probe: it goes to the
+//!   primary, and is answered locally if the primary fails (after the
+//!   primary's own timeout, at worst).
 //! * **Reported** through `tracing` (a warning when decisions start being
 //!   answered locally, an info event when they are all back), through the
 //!   [`on_switch`](FallbackBuilder::on_switch) callback, and in every local
@@ -177,20 +181,53 @@ struct Domain {
 enum Route {
     Primary,
     Local(u64),
+    /// Locally, and a probe of the primary is due.
+    Probe(u64),
 }
 
 impl<S: Storage> Storage for Fallback<S> {
     fn decide(&self, key: StorageKey<'_>, bands: &[Quota], op: Op, clock: &Arc<dyn Clock>) -> Decide {
         let shared = &self.shared;
         let domain = shared.domain_of.as_ref().map_or(0, |domain_of| domain_of(key));
-        if let Route::Local(epoch) = shared.route(domain, clock) {
-            return Decide::ready(shared.answer_locally(key, bands, op, clock, epoch));
+        match shared.route(domain, clock) {
+            Route::Primary => {}
+            Route::Local(epoch) => return Decide::ready(shared.answer_locally(key, bands, op, clock, epoch)),
+            Route::Probe(epoch) => match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => {
+                    self.probe(&runtime, domain, key, bands, clock);
+                    return Decide::ready(shared.answer_locally(key, bands, op, clock, epoch));
+                }
+                // No task to probe in: this decision is the probe.
+                Err(_) => {}
+            },
         }
         let call = Call::new(key, bands, op, clock);
         let shared = shared.clone();
         self.primary
             .decide(key, bands, op, clock)
             .map(move |decided| shared.settle(domain, call, decided))
+    }
+}
+
+impl<S: Storage> Fallback<S> {
+    /// Asks the primary to peek at `key`, in a task of its own: `domain`
+    /// goes back to the primary if it answers.
+    fn probe(
+        &self,
+        runtime: &tokio::runtime::Handle,
+        domain: u64,
+        key: StorageKey<'_>,
+        bands: &[Quota],
+        clock: &Arc<dyn Clock>,
+    ) {
+        let probe = self.primary.decide(key, bands, Op::Charge(0), clock);
+        let shared = self.shared.clone();
+        runtime.spawn(async move {
+            match probe.await {
+                Ok(_) => shared.answered(domain),
+                Err(e) => tracing::debug!(domain, error = %e, "rate-limit storage probe failed"),
+            }
+        });
     }
 }
 
@@ -209,7 +246,7 @@ impl Shared {
                 let now = clock.now();
                 if now >= due {
                     state.probe_at = Some(now.saturating_add(self.probe_every));
-                    Route::Primary
+                    Route::Probe(state.epoch)
                 } else {
                     Route::Local(state.epoch)
                 }

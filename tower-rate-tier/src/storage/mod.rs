@@ -149,6 +149,13 @@ impl BandStates {
     }
 }
 
+impl From<BandState> for BandStates {
+    /// The state of a one-band tier (inline: no allocation).
+    fn from(state: BandState) -> Self {
+        BandStates(smallvec::SmallVec::from_buf([state]))
+    }
+}
+
 impl std::ops::Deref for BandStates {
     type Target = [BandState];
 
@@ -333,9 +340,7 @@ pub fn decide_bands(tats: &mut [Option<Nanos>], now: Nanos, bands: &[Quota], op:
         if d.new_tat.is_some() {
             *tat = d.new_tat;
         }
-        let mut states = BandStates::new();
-        states.push(d.state);
-        return Decision::new(d.allowed, now, states);
+        return Decision::new(d.allowed, now, d.state.into());
     }
     decide_many(tats, now, bands, op)
 }

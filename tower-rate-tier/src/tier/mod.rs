@@ -110,7 +110,15 @@ impl RateTier {
             .find(tier)
             .ok_or_else(|| CheckError::UnknownTier(tier.to_owned()))?;
         match self.begin(user, entry, cost) {
-            Ok(decide) => conclude(entry, decide.await),
+            Ok(decide) => match decide.into_ready() {
+                Ok(decision) => conclude(entry, decision),
+                Err(pending) => {
+                    // Waiting (Redis): hold the tier, not the table's guard.
+                    let entry = entry.clone();
+                    drop(table);
+                    conclude(&entry, pending.await)
+                }
+            },
             Err(answered) => answered,
         }
     }

@@ -154,6 +154,44 @@ fn it_switches_after_consecutive_failures_probes_and_returns() {
     );
 }
 
+#[tokio::test(flavor = "current_thread")]
+async fn in_a_runtime_probes_run_in_the_background_and_no_decision_waits() {
+    let clock = FakeClock::new();
+    let primary = Flaky::default();
+    let storage = Fallback::builder(primary.clone())
+        .instances(4)
+        .failures_to_switch(1)
+        .probe_interval(Duration::from_secs(2))
+        .build();
+    let bands = [Quota::per_minute(40)];
+    primary.fail(&[""]);
+    decide(&storage, "ada", &bands, 1, &clock).unwrap();
+    assert!(storage.is_local());
+    assert_eq!(primary.calls(), 1);
+    // a probe is due: the decision is answered locally, the probe (a peek)
+    // goes to the primary beside it, and fails
+    clock.advance(Duration::from_secs(2));
+    let d = decide(&storage, "ada", &bands, 1, &clock).unwrap();
+    assert_eq!(d.source, DecisionSource::Fallback);
+    tokio::task::yield_now().await;
+    assert_eq!(primary.calls(), 2);
+    assert!(storage.is_local());
+    // back up: the decision that makes the next probe due is still answered
+    // locally; once the probe has been answered, decisions go to the
+    // primary, which the peek charged nothing
+    primary.fail(&[]);
+    clock.advance(Duration::from_secs(2));
+    let d = decide(&storage, "ada", &bands, 1, &clock).unwrap();
+    assert_eq!(d.source, DecisionSource::Fallback);
+    tokio::task::yield_now().await;
+    assert!(!storage.is_local());
+    let back = decide(&storage, "ada", &bands, 1, &clock).unwrap();
+    assert_eq!(
+        (back.source, back.bands[0].remaining, primary.calls()),
+        (DecisionSource::Storage, 39, 4)
+    );
+}
+
 #[test]
 fn a_success_resets_the_count_and_other_errors_pass_through() {
     let clock = FakeClock::new();

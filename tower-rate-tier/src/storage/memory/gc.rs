@@ -76,7 +76,7 @@ impl Inner {
 
     fn sweep_at(&self, now: Nanos) -> usize {
         let mut removed = 0usize;
-        for scope in self.scopes.all().iter() {
+        for scope in self.scopes.all() {
             scope.single.retain(|_, tat| {
                 let keep = *tat > now;
                 removed += usize::from(!keep);

@@ -1,9 +1,8 @@
 //! The memory storage's scopes: the keys of one band (or one multi-band
 //! tier) of one tier of one limiter, keyed by user id alone.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Mutex, OnceLock, PoisonError};
 
-use arc_swap::ArcSwap;
 use dashmap::DashMap;
 
 use super::{Hasher, Tats};
@@ -26,16 +25,25 @@ pub(super) struct Scope {
 }
 
 impl Scope {
+    #[inline]
     fn is(&self, key: &StorageKey<'_>, band: Option<BandName>) -> bool {
         self.band == band && same_name(&self.tier, key.tier) && same_name(&self.namespace, key.namespace)
     }
 }
 
-/// Every scope of a storage. A decision finds its scope among a handful
-/// without taking a lock (the list is swapped whole when a scope is added).
+/// How many scopes a storage finds in its first, fixed list.
+const FIRST: usize = 16;
+
+/// Every scope of a storage. Scopes are only ever added, never removed, so
+/// a decision finds its scope with plain loads: no lock, no reference count.
+/// The first [`FIRST`] scopes (every limiter with a handful of tiers) sit in
+/// a fixed list of once-set slots, filled in order; any more in an
+/// append-only list.
 #[derive(Default)]
 pub(super) struct Scopes {
-    list: ArcSwap<Vec<Arc<Scope>>>,
+    first: [OnceLock<Scope>; FIRST],
+    more: boxcar::Vec<Scope>,
+    /// One adder at a time, so that a scope is never added twice.
     adding: Mutex<()>,
 }
 
@@ -48,37 +56,47 @@ impl Scopes {
         band: Option<BandName>,
         f: impl FnOnce(&Scope) -> R,
     ) -> R {
-        let list = self.list.load();
-        match list.iter().find(|s| s.is(key, band)) {
+        match self.find(key, band) {
             Some(scope) => f(scope),
-            None => f(&self.add(key, band)),
+            None => f(self.add(key, band)),
         }
     }
 
-    #[cold]
-    fn add(&self, key: &StorageKey<'_>, band: Option<BandName>) -> Arc<Scope> {
-        let _adding = self.adding.lock().unwrap_or_else(PoisonError::into_inner);
-        let list = self.list.load_full();
-        if let Some(scope) = list.iter().find(|s| s.is(key, band)) {
-            return scope.clone();
+    #[inline]
+    fn find(&self, key: &StorageKey<'_>, band: Option<BandName>) -> Option<&Scope> {
+        for slot in &self.first {
+            match slot.get() {
+                Some(scope) if scope.is(key, band) => return Some(scope),
+                Some(_) => {}
+                None => return None,
+            }
         }
-        let scope = Arc::new(Scope {
+        self.more.iter().map(|(_, scope)| scope).find(|s| s.is(key, band))
+    }
+
+    #[cold]
+    fn add(&self, key: &StorageKey<'_>, band: Option<BandName>) -> &Scope {
+        let _adding = self.adding.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(scope) = self.find(key, band) {
+            return scope;
+        }
+        let scope = Scope {
             namespace: key.namespace.into(),
             tier: key.tier.into(),
             band,
             single: new_map(),
             multi: new_map(),
-        });
-        let mut next = Vec::with_capacity(list.len() + 1);
-        next.extend(list.iter().cloned());
-        next.push(scope.clone());
-        self.list.store(Arc::new(next));
-        scope
+        };
+        match self.first.iter().find(|slot| slot.get().is_none()) {
+            Some(slot) => slot.get_or_init(|| scope),
+            None => &self.more[self.more.push(scope)],
+        }
     }
 
     /// Every scope, for a sweep.
-    pub(super) fn all(&self) -> Arc<Vec<Arc<Scope>>> {
-        self.list.load_full()
+    pub(super) fn all(&self) -> impl Iterator<Item = &Scope> {
+        let first = self.first.iter().map_while(OnceLock::get);
+        first.chain(self.more.iter().map(|(_, scope)| scope))
     }
 }
 
