@@ -43,15 +43,8 @@ fn own_quotas(tier: Arc<TierEntry>, own: &[crate::quota::Quota]) -> Arc<TierEntr
 /// Puts a charge where route-level declarations find it: the request
 /// extensions, after those of limiters that ran before.
 fn attach(head: &mut impl Head, charge: &Arc<Charge>) {
-    let extensions = head.extensions_mut();
-    match extensions.get_mut::<Charges>() {
-        Some(charges) => charges.0.push(charge.clone()),
-        None => {
-            let mut charges = Charges::default();
-            charges.0.push(charge.clone());
-            extensions.insert(charges);
-        }
-    }
+    let charges = head.extensions_mut().get_or_insert_default::<Charges>();
+    charges.0.push(charge.clone());
 }
 
 /// The parts of a request head the limiter reads and writes: [`Parts`], or a
