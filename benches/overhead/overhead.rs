@@ -139,6 +139,9 @@ fn app(mode: &str) -> Router {
 }
 
 /// `RateTier::check` / governor's `check_key` alone, 10,000 keys round robin.
+/// The loops are functions of their own, so that callgrind can count them
+/// alone (`--toggle-collect=overhead::core_loop_*`), without the clocks'
+/// calibration; the first pass inserts every key.
 fn core(mode: &str, n: usize) {
     let keys: Vec<String> = (0..10_000).map(|i| format!("user-{i:05}")).collect();
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -146,30 +149,49 @@ fn core(mode: &str, n: usize) {
         .build()
         .expect("runtime");
     let _entered = rt.enter();
-    let mut ok = 0usize;
-    if mode == "core-ours" {
+    let ok = if mode == "core-ours" {
         let tiers = RateTier::builder()
             .tier("free", Quota::per_second(1_000_000))
             .build();
-        let waker = std::task::Waker::noop();
-        let mut cx = std::task::Context::from_waker(waker);
-        for i in 0..n {
-            let key = &keys[i % keys.len()];
-            let mut check = std::pin::pin!(tiers.check(key, "free", 1));
-            if let std::task::Poll::Ready(Ok(Ok(_))) = check.as_mut().poll(&mut cx) {
-                ok += 1;
-            }
-        }
+        core_loop_ours(&tiers, &keys, keys.len());
+        core_loop_ours(&tiers, &keys, n)
     } else {
         let limiter = governor::RateLimiter::dashmap_with_hasher(
             governor::Quota::per_second(std::num::NonZeroU32::new(1_000_000).expect("non-zero")),
             foldhash::fast::RandomState::default(),
         );
-        for i in 0..n {
-            ok += usize::from(limiter.check_key(&keys[i % keys.len()]).is_ok());
-        }
-    }
+        core_loop_governor(&limiter, &keys, keys.len());
+        core_loop_governor(&limiter, &keys, n)
+    };
     assert_eq!(ok, n, "every check must be admitted");
+}
+
+/// `n` checks of ours, each future built and polled in place.
+#[inline(never)]
+fn core_loop_ours(tiers: &RateTier, keys: &[String], n: usize) -> usize {
+    in_place(tiers, keys, n)
+}
+
+/// governor's keyed limiter on its default clock, keyed by `String` in a
+/// DashMap on foldhash.
+type GovernorKeyed = governor::RateLimiter<
+    String,
+    governor::state::keyed::DashMapStateStore<String, foldhash::fast::RandomState>,
+    governor::clock::DefaultClock,
+>;
+
+/// `n` checks of governor's.
+#[inline(never)]
+fn core_loop_governor(limiter: &GovernorKeyed, keys: &[String], n: usize) -> usize {
+    let mut ok = 0;
+    for i in 0..n {
+        ok += usize::from(
+            limiter
+                .check_key(std::hint::black_box(&keys[i % keys.len()]))
+                .is_ok(),
+        );
+    }
+    ok
 }
 
 /// Polls a future that completes at once (every check on the memory
@@ -243,17 +265,6 @@ fn core_ab(rounds: usize) {
         assert!(ready(admitted(&tiers, key)));
         assert!(limiter.check_key(key).is_ok());
     }
-    let gov = |n: usize| {
-        let mut ok = 0usize;
-        for i in 0..n {
-            ok += usize::from(
-                limiter
-                    .check_key(std::hint::black_box(&keys[i % keys.len()]))
-                    .is_ok(),
-            );
-        }
-        ok
-    };
     const N: usize = 200_000;
     let time = |f: &mut dyn FnMut() -> usize| {
         let t = std::time::Instant::now();
@@ -264,7 +275,7 @@ fn core_ab(rounds: usize) {
     for _ in 0..rounds {
         let awaited_ns = time(&mut || ready(awaited(&tiers, &keys, N)));
         let in_place_ns = time(&mut || in_place(&tiers, &keys, N));
-        let gov_ns = time(&mut || gov(N));
+        let gov_ns = time(&mut || core_loop_governor(&limiter, &keys, N));
         ra.push(awaited_ns / gov_ns);
         rp.push(in_place_ns / gov_ns);
         a.push(awaited_ns);

@@ -2,7 +2,8 @@
 # Instructions per request added by each limiter, counted by callgrind:
 # (instructions at 2N requests - at N requests) / N, minus the same for the
 # router without a limiter. Only the request loop is counted (see `serve` in
-# overhead.rs). Usage: benches/overhead/run.sh [N]
+# overhead.rs); then the bare check of ours and governor. Usage:
+# benches/overhead/run.sh [N]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 n=${1:-20000}
@@ -26,3 +27,13 @@ ours=$(( ${per[ours]} - ${per[none]} )); gov=$(( ${per[governor]} - ${per[none]}
 plain=$(( ${per[governor-plain]} - ${per[none]} )); none=$(( ${per[ours-none]} - ${per[none]} ))
 awk -v o="$ours" -v g="$gov" 'BEGIN { printf "ours / tower_governor = %.2f\n", o / g }'
 awk -v o="$none" -v g="$plain" 'BEGIN { printf "ours without fields / tower_governor without headers = %.2f\n", o / g }'
+# The bare check: instructions per check inside the loop functions alone
+# (the clocks' calibration and the first insertion of every key cancel out).
+core() {
+  valgrind --tool=callgrind --toggle-collect="overhead::core_loop_$1" --callgrind-out-file=/dev/null \
+    "$bin" "core-$1" "$2" 2>&1 | sed -n 's/.*Collected : \([0-9]*\).*/\1/p'
+}
+for subject in ours governor; do
+  a=$(core "$subject" 100000); b=$(core "$subject" 200000)
+  printf 'core check, %-8s %6d instructions\n' "$subject" $(( (b - a) / 100000 ))
+done
