@@ -250,7 +250,11 @@ async fn main() -> ExitCode {
         println!("  (the requests above took longer than the TTL: checking what holds either way)");
         let policy = stale.header("ratelimit-policy");
         let either = ["\"enterprise\";q=4;w=60", "\"enterprise\";q=12;w=60"].contains(&policy);
-        test.equal("bolt's ratelimit-policy: the plan's or the contract's", either, true);
+        test.equal(
+            "bolt's ratelimit-policy: the plan's or the contract's",
+            either,
+            true,
+        );
         test.equal("database lookups, at least one per key", lookups >= 4, true);
     }
 

@@ -192,14 +192,14 @@ impl<S: Storage> Storage for Fallback<S> {
         match shared.route(domain, clock) {
             Route::Primary => {}
             Route::Local(epoch) => return Decide::ready(shared.answer_locally(key, bands, op, clock, epoch)),
-            Route::Probe(epoch) => match tokio::runtime::Handle::try_current() {
-                Ok(runtime) => {
+            Route::Probe(epoch) => {
+                // Outside a runtime there is no task to probe in: this
+                // decision is the probe.
+                if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                     self.probe(&runtime, domain, key, bands, clock);
                     return Decide::ready(shared.answer_locally(key, bands, op, clock, epoch));
                 }
-                // No task to probe in: this decision is the probe.
-                Err(_) => {}
-            },
+            }
         }
         let call = Call::new(key, bands, op, clock);
         let shared = shared.clone();
