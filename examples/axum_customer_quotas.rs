@@ -262,8 +262,12 @@ async fn main() -> ExitCode {
     tokio::time::sleep(CACHE_TTL + Duration::from_millis(20)).await;
     let before = db.lookups();
     // the contract is a bucket of its own: bolt starts it with a full burst
+    // (less the one unit of the request above, if that one already met the
+    // contract on a machine too slow to stay within the TTL)
+    let contract_met_early = stale.header("ratelimit-policy") == "\"enterprise\";q=12;w=60";
+    let remaining = if contract_met_early { "10" } else { "11" };
     let fresh = client.get("/", &bolt).await;
-    test.row("GET /", "bolt (contract)", &fresh, want(200, "11", "-"));
+    test.row("GET /", "bolt (contract)", &fresh, want(200, remaining, "-"));
     test.equal(
         "database lookups for bolt after the TTL",
         db.lookups() - before,

@@ -17,14 +17,17 @@
 //!   each [`probe_interval`](FallbackBuilder::probe_interval) (default 1 s)
 //!   sends the primary a probe in the background: a peek (`Op::Charge(0)`,
 //!   which changes nothing) of the same key, in a task of its own, while
-//!   the decision itself is answered locally at once. No request waits for
-//!   a primary that is still down. As soon as a probe is answered, every
-//!   later decision goes to the primary again; the local state is
-//!   discarded, never merged into the primary's. A service without traffic
-//!   sends no probes. Outside a tokio runtime (no task can be spawned), the
-//!   decision that makes a probe due is itself the probe: it goes to the
-//!   primary, and is answered locally if the primary fails (after the
-//!   primary's own timeout, at worst).
+//!   the decision itself is answered locally at once; one probe per failure
+//!   domain is in flight at a time. No request waits for a primary that is
+//!   still down. Once a probe is answered, the next decision goes to the
+//!   primary as a trial: if the primary decides it, every later decision
+//!   goes to the primary again and the local state is discarded, never
+//!   merged into the primary's; if it fails in any way (a server that
+//!   answers reads but refuses writes, say), that decision is answered
+//!   locally and the next probe waits for the interval. A service without
+//!   traffic sends no probes. Outside a tokio runtime (no task can be
+//!   spawned), the decision that makes a probe due is itself the trial
+//!   (answered locally after the primary's own timeout, at worst).
 //! * **Reported** through `tracing` (a warning when decisions start being
 //!   answered locally, an info event when they are all back), through the
 //!   [`on_switch`](FallbackBuilder::on_switch) callback, and in every local
@@ -175,59 +178,77 @@ struct Domain {
     epoch: u64,
     /// Answering locally; the next probe is due then.
     probe_at: Option<Nanos>,
+    /// A probe of this spell is in flight: no other is sent meanwhile.
+    probing: bool,
+    /// A probe was answered: the next decision tries the primary.
+    trial: bool,
 }
 
-/// Where a decision goes.
+/// Where a decision goes, with the epoch of the domain's local state.
 enum Route {
     Primary,
     Local(u64),
     /// Locally, and a probe of the primary is due.
     Probe(u64),
+    /// To the primary, as a trial: any failure is answered locally, and
+    /// only a decision the primary makes brings the domain back.
+    Trial,
 }
 
 impl<S: Storage> Storage for Fallback<S> {
     fn decide(&self, key: StorageKey<'_>, bands: &[Quota], op: Op, clock: &Arc<dyn Clock>) -> Decide {
         let shared = &self.shared;
         let domain = shared.domain_of.as_ref().map_or(0, |domain_of| domain_of(key));
-        match shared.route(domain, clock) {
-            Route::Primary => {}
+        let trial = match shared.route(domain, clock) {
+            Route::Primary => false,
             Route::Local(epoch) => return Decide::ready(shared.answer_locally(key, bands, op, clock, epoch)),
-            Route::Probe(epoch) => {
-                // Outside a runtime there is no task to probe in: this
-                // decision is the probe.
-                if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                    self.probe(&runtime, domain, key, bands, clock);
+            Route::Probe(epoch) => match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => {
+                    self.probe(&runtime, domain, epoch, key, bands, clock);
                     return Decide::ready(shared.answer_locally(key, bands, op, clock, epoch));
                 }
-            }
-        }
+                // Outside a runtime there is no task to probe in: this
+                // decision is the probe, as a trial.
+                Err(_) => {
+                    shared.probed(domain, epoch, false);
+                    true
+                }
+            },
+            Route::Trial => true,
+        };
         let call = Call::new(key, bands, op, clock);
         let shared = shared.clone();
         self.primary
             .decide(key, bands, op, clock)
-            .map(move |decided| shared.settle(domain, call, decided))
+            .map(move |decided| shared.settle(domain, call, decided, trial))
     }
 }
 
 impl<S: Storage> Fallback<S> {
-    /// Asks the primary to peek at `key`, in a task of its own: `domain`
-    /// goes back to the primary if it answers.
+    /// Asks the primary to peek at `key`, in a task of its own: if it
+    /// answers, the next decision of `domain` tries the primary.
     fn probe(
         &self,
         runtime: &tokio::runtime::Handle,
         domain: u64,
+        epoch: u64,
         key: StorageKey<'_>,
         bands: &[Quota],
         clock: &Arc<dyn Clock>,
     ) {
         let probe = self.primary.decide(key, bands, Op::Charge(0), clock);
         let shared = self.shared.clone();
-        runtime.spawn(async move {
-            match probe.await {
-                Ok(_) => shared.answered(domain),
-                Err(e) => tracing::debug!(domain, error = %e, "rate-limit storage probe failed"),
-            }
-        });
+        let probe = async move {
+            let answered = match probe.await {
+                Ok(_) => true,
+                Err(e) => {
+                    tracing::debug!(domain, error = %e, "rate-limit storage probe failed");
+                    false
+                }
+            };
+            shared.probed(domain, epoch, answered);
+        };
+        runtime.spawn(tracing::Instrument::in_current_span(probe));
     }
 }
 
@@ -240,26 +261,42 @@ impl Shared {
         let Some(mut state) = self.domains.get_mut(&domain) else {
             return Route::Primary;
         };
-        match state.probe_at {
-            None => Route::Primary,
-            Some(due) => {
-                let now = clock.now();
-                if now >= due {
-                    state.probe_at = Some(now.saturating_add(self.probe_every));
-                    Route::Probe(state.epoch)
-                } else {
-                    Route::Local(state.epoch)
-                }
+        let Some(due) = state.probe_at else {
+            return Route::Primary;
+        };
+        if state.trial {
+            state.trial = false;
+            return Route::Trial;
+        }
+        let now = clock.now();
+        if now >= due && !state.probing {
+            state.probe_at = Some(now.saturating_add(self.probe_every));
+            state.probing = true;
+            return Route::Probe(state.epoch);
+        }
+        Route::Local(state.epoch)
+    }
+
+    /// A probe of spell `epoch` of `domain` ended; `answered` when the
+    /// primary answered it. A probe of an earlier spell changes nothing.
+    fn probed(&self, domain: u64, epoch: u64, answered: bool) {
+        if let Some(mut state) = self.domains.get_mut(&domain) {
+            if state.epoch == epoch {
+                state.probing = false;
+                state.trial |= answered;
             }
         }
     }
 
-    /// The primary's answer, or the local one when the primary failed.
+    /// The primary's answer, or the local one when the primary failed (a
+    /// trial's failure of any kind: the primary is not back until it
+    /// decides).
     fn settle(
         &self,
         domain: u64,
         call: Call,
         decided: Result<Decision, StorageError>,
+        trial: bool,
     ) -> Result<Decision, StorageError> {
         match decided {
             Ok(decision) => {
@@ -267,10 +304,11 @@ impl Shared {
                 Ok(decision)
             }
             Err(e)
-                if matches!(
-                    e.kind(),
-                    StorageErrorKind::Timeout | StorageErrorKind::Unavailable
-                ) =>
+                if trial
+                    || matches!(
+                        e.kind(),
+                        StorageErrorKind::Timeout | StorageErrorKind::Unavailable
+                    ) =>
             {
                 let epoch = self.failed(domain, call.clock.now());
                 tracing::debug!(error = %e, "rate-limit storage failed; decided by the local fallback");
@@ -323,6 +361,8 @@ impl Shared {
                     failures: 1,
                     epoch,
                     probe_at: switched.then_some(switch_at),
+                    probing: false,
+                    trial: false,
                 });
                 (epoch, switched)
             }
@@ -364,14 +404,14 @@ impl Shared {
                 StorageError::new(StorageErrorKind::Other, "a decision needs 1 to MAX_BANDS bands")
             })?;
         }
-        let mut namespace = String::with_capacity(21 + key.namespace.len());
-        namespace.push_str(itoa::Buffer::new().format(epoch));
-        namespace.push(':');
-        namespace.push_str(key.namespace);
-        let local_key = StorageKey {
-            namespace: &namespace,
-            ..key
-        };
+        // The spell's state under keys of its own (the epoch before the
+        // user id), in the storage's scope of the tier: a new spell starts
+        // afresh, and the sweep removes an old spell's keys.
+        let mut user = String::with_capacity(21 + key.user.len());
+        user.push_str(itoa::Buffer::new().format(epoch));
+        user.push(':');
+        user.push_str(key.user);
+        let local_key = StorageKey { user: &user, ..key };
         match self.local.decide(local_key, &scaled, op, clock).into_ready() {
             Ok(decided) => decided.map(|d| d.with_source(DecisionSource::Fallback)),
             Err(_) => Err(StorageError::new(

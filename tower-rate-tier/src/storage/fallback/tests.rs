@@ -13,6 +13,10 @@ struct Flaky {
     memory: MemoryStorage,
     failing: Arc<Mutex<Vec<&'static str>>>,
     other_error: Arc<AtomicBool>,
+    /// Peeks are answered, charges refused (a server that refuses writes).
+    read_only: Arc<AtomicBool>,
+    /// Every call waits for ever.
+    hang: Arc<AtomicBool>,
     calls: Arc<AtomicUsize>,
 }
 
@@ -29,6 +33,12 @@ impl Flaky {
 impl Storage for Flaky {
     fn decide(&self, key: StorageKey<'_>, bands: &[Quota], op: Op, clock: &Arc<dyn Clock>) -> Decide {
         self.calls.fetch_add(1, Ordering::SeqCst);
+        if self.hang.load(Ordering::SeqCst) {
+            return Decide::pending(std::future::pending());
+        }
+        if self.read_only.load(Ordering::SeqCst) && op != Op::Charge(0) {
+            return Decide::ready(Err(StorageError::new(StorageErrorKind::Other, "READONLY")));
+        }
         if self
             .failing
             .lock()
@@ -154,42 +164,119 @@ fn it_switches_after_consecutive_failures_probes_and_returns() {
     );
 }
 
+const BANDS: [Quota; 1] = [Quota::per_minute(40)];
+
+/// A fallback around `primary` (a share of 1/4) that switched at its first
+/// failure, a failure of "ada"'s.
+fn switched_at_once(primary: &Flaky, probe_every: Duration, clock: &FakeClock) -> Fallback<Flaky> {
+    let storage = Fallback::builder(primary.clone())
+        .instances(4)
+        .failures_to_switch(1)
+        .probe_interval(probe_every)
+        .build();
+    primary.fail(&[""]);
+    decide(&storage, "ada", &BANDS, 1, clock).unwrap();
+    assert!(storage.is_local());
+    storage
+}
+
+/// Moves `clock` on by `by` and decides for "ada" (`cost`), answered
+/// locally; then lets a probe that decision sent run.
+async fn after(by: Duration, storage: &Fallback<Flaky>, clock: &FakeClock, cost: u32) {
+    clock.advance(by);
+    let d = decide(storage, "ada", &BANDS, cost, clock).unwrap();
+    assert_eq!(d.source, DecisionSource::Fallback);
+    tokio::task::yield_now().await;
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn in_a_runtime_probes_run_in_the_background_and_no_decision_waits() {
     let clock = FakeClock::new();
     let primary = Flaky::default();
-    let storage = Fallback::builder(primary.clone())
-        .instances(4)
-        .failures_to_switch(1)
-        .probe_interval(Duration::from_secs(2))
-        .build();
-    let bands = [Quota::per_minute(40)];
-    primary.fail(&[""]);
-    decide(&storage, "ada", &bands, 1, &clock).unwrap();
-    assert!(storage.is_local());
+    let every = Duration::from_secs(2);
+    let storage = switched_at_once(&primary, every, &clock);
     assert_eq!(primary.calls(), 1);
     // a probe is due: the decision is answered locally, the probe (a peek)
     // goes to the primary beside it, and fails
-    clock.advance(Duration::from_secs(2));
-    let d = decide(&storage, "ada", &bands, 1, &clock).unwrap();
-    assert_eq!(d.source, DecisionSource::Fallback);
-    tokio::task::yield_now().await;
+    after(every, &storage, &clock, 1).await;
     assert_eq!(primary.calls(), 2);
     assert!(storage.is_local());
     // back up: the decision that makes the next probe due is still answered
-    // locally; once the probe has been answered, decisions go to the
-    // primary, which the peek charged nothing
+    // locally; once the probe has been answered, the next decision is the
+    // primary's (which the peek charged nothing), and so are the later ones
     primary.fail(&[]);
-    clock.advance(Duration::from_secs(2));
-    let d = decide(&storage, "ada", &bands, 1, &clock).unwrap();
-    assert_eq!(d.source, DecisionSource::Fallback);
-    tokio::task::yield_now().await;
-    assert!(!storage.is_local());
-    let back = decide(&storage, "ada", &bands, 1, &clock).unwrap();
+    after(every, &storage, &clock, 1).await;
+    let back = decide(&storage, "ada", &BANDS, 1, &clock).unwrap();
     assert_eq!(
         (back.source, back.bands[0].remaining, primary.calls()),
         (DecisionSource::Storage, 39, 4)
     );
+    assert!(!storage.is_local());
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_primary_that_answers_peeks_but_refuses_charges_is_not_back() {
+    let clock = FakeClock::new();
+    let primary = Flaky::default();
+    let every = Duration::from_secs(2);
+    let storage = switched_at_once(&primary, every, &clock);
+    // the server answers again, but refuses writes: the probe (a peek)
+    // passes, the trial charge does not, and is answered locally
+    primary.fail(&[]);
+    primary.read_only.store(true, Ordering::SeqCst);
+    for round in 0..3 {
+        after(every, &storage, &clock, 1).await;
+        let trial = decide(&storage, "ada", &BANDS, 1, &clock).unwrap();
+        assert_eq!(trial.source, DecisionSource::Fallback, "round {round}");
+        assert!(storage.is_local());
+    }
+    // writes accepted again: the next probe and trial bring it back
+    primary.read_only.store(false, Ordering::SeqCst);
+    after(every, &storage, &clock, 1).await;
+    let back = decide(&storage, "ada", &BANDS, 1, &clock).unwrap();
+    assert_eq!(back.source, DecisionSource::Storage);
+    assert!(!storage.is_local());
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn one_probe_at_a_time_however_long_the_primary_hangs() {
+    let clock = FakeClock::new();
+    let primary = Flaky::default();
+    let every = Duration::from_millis(100);
+    let storage = switched_at_once(&primary, every, &clock);
+    primary.hang.store(true, Ordering::SeqCst);
+    for _ in 0..50 {
+        after(every, &storage, &clock, 0).await;
+    }
+    // the switch, then one probe that never ends
+    assert_eq!(primary.calls(), 2);
+}
+
+#[test]
+fn every_outage_reuses_the_local_scopes_and_its_keys_are_swept() {
+    let clock = FakeClock::new();
+    let primary = Flaky::default();
+    let storage = Fallback::builder(primary.clone())
+        .failures_to_switch(1)
+        .probe_interval(Duration::from_secs(1))
+        .build();
+    let bands = [Quota::per_second(10)];
+    for _ in 0..20 {
+        // an outage, answered locally, then the primary back
+        primary.fail(&[""]);
+        decide(&storage, "ada", &bands, 1, &clock).unwrap();
+        primary.fail(&[]);
+        clock.advance(Duration::from_secs(1));
+        assert_eq!(
+            decide(&storage, "ada", &bands, 1, &clock).unwrap().source,
+            DecisionSource::Storage
+        );
+    }
+    let local = &storage.shared.local;
+    assert_eq!(local.scope_count(), 1);
+    assert_eq!(local.len(), 20);
+    clock.advance(Duration::from_secs(10));
+    assert_eq!(local.sweep(), 20);
 }
 
 #[test]

@@ -199,6 +199,12 @@ impl MemoryStorage {
     pub fn sweep(&self) -> usize {
         self.inner.sweep()
     }
+
+    /// How many scopes (namespace, tier, band) hold keys.
+    #[cfg(test)]
+    pub(crate) fn scope_count(&self) -> usize {
+        self.inner.scopes.all().count()
+    }
 }
 
 impl Storage for MemoryStorage {
