@@ -18,8 +18,10 @@
 //!   sends the primary a probe in the background: a peek (`Op::Charge(0)`,
 //!   which changes nothing) of the same key, in a task of its own, while
 //!   the decision itself is answered locally at once; one probe per failure
-//!   domain is in flight at a time. No request waits for a primary that is
-//!   still down. Once a probe is answered, the next decision goes to the
+//!   domain is in flight at a time (a probe that has not come back after 10
+//!   intervals, because its task never ran, no longer holds up the next:
+//!   the decision then due goes to the primary itself). No request waits
+//!   for a primary that is still down. Once a probe is answered, the next decision goes to the
 //!   primary as a trial: if the primary decides it, every later decision
 //!   goes to the primary again and the local state is discarded, never
 //!   merged into the primary's; if it fails in any way (a server that
@@ -178,11 +180,16 @@ struct Domain {
     epoch: u64,
     /// Answering locally; the next probe is due then.
     probe_at: Option<Nanos>,
-    /// A probe of this spell is in flight: no other is sent meanwhile.
-    probing: bool,
+    /// When the probe of this spell in flight was sent: no other is sent
+    /// meanwhile.
+    probing: Option<Nanos>,
     /// A probe was answered: the next decision tries the primary.
     trial: bool,
 }
+
+/// After this many probe intervals, a probe that has not come back no longer
+/// holds up the next: the decision then due goes to the primary itself.
+const STALE_PROBE: u64 = 10;
 
 /// Where a decision goes, with the epoch of the domain's local state.
 enum Route {
@@ -269,12 +276,24 @@ impl Shared {
             return Route::Trial;
         }
         let now = clock.now();
-        if now >= due && !state.probing {
-            state.probe_at = Some(now.saturating_add(self.probe_every));
-            state.probing = true;
-            return Route::Probe(state.epoch);
+        if now < due {
+            return Route::Local(state.epoch);
         }
-        Route::Local(state.epoch)
+        match state.probing {
+            None => {
+                state.probe_at = Some(now.saturating_add(self.probe_every));
+                state.probing = Some(now);
+                Route::Probe(state.epoch)
+            }
+            // The probe never came back (its task never ran: a runtime
+            // that is not driven, or was shut down): this decision is the
+            // trial, so the domain cannot stay local for ever.
+            Some(sent) if now.saturating_sub(sent) >= self.probe_every.saturating_mul(STALE_PROBE) => {
+                state.probe_at = Some(now.saturating_add(self.probe_every));
+                Route::Trial
+            }
+            Some(_) => Route::Local(state.epoch),
+        }
     }
 
     /// A probe of spell `epoch` of `domain` ended; `answered` when the
@@ -282,7 +301,7 @@ impl Shared {
     fn probed(&self, domain: u64, epoch: u64, answered: bool) {
         if let Some(mut state) = self.domains.get_mut(&domain) {
             if state.epoch == epoch {
-                state.probing = false;
+                state.probing = None;
                 state.trial |= answered;
             }
         }
@@ -361,7 +380,7 @@ impl Shared {
                     failures: 1,
                     epoch,
                     probe_at: switched.then_some(switch_at),
-                    probing: false,
+                    probing: None,
                     trial: false,
                 });
                 (epoch, switched)

@@ -245,11 +245,35 @@ async fn one_probe_at_a_time_however_long_the_primary_hangs() {
     let every = Duration::from_millis(100);
     let storage = switched_at_once(&primary, every, &clock);
     primary.hang.store(true, Ordering::SeqCst);
-    for _ in 0..50 {
+    for _ in 0..9 {
         after(every, &storage, &clock, 0).await;
     }
-    // the switch, then one probe that never ends
+    // the switch, then one probe that has not ended after nine intervals
     assert_eq!(primary.calls(), 2);
+}
+
+#[test]
+fn a_probe_whose_task_never_runs_gives_way_to_a_trial() {
+    // A runtime entered but never driven: the probe's task never runs.
+    let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let _entered = runtime.enter();
+    let clock = FakeClock::new();
+    let primary = Flaky::default();
+    let every = Duration::from_secs(1);
+    let storage = switched_at_once(&primary, every, &clock);
+    primary.fail(&[]);
+    // the first probe is sent, then nine intervals pass without it
+    for _ in 0..10 {
+        clock.advance(every);
+        let d = decide(&storage, "ada", &BANDS, 1, &clock).unwrap();
+        assert_eq!(d.source, DecisionSource::Fallback);
+    }
+    assert_eq!(primary.calls(), 2);
+    // ten intervals after it was sent, the decision then due is the trial
+    clock.advance(every);
+    let d = decide(&storage, "ada", &BANDS, 1, &clock).unwrap();
+    assert_eq!(d.source, DecisionSource::Storage);
+    assert!(!storage.is_local());
 }
 
 #[test]
