@@ -23,13 +23,14 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use redis::{RedisError, Value};
+use redis::RedisError;
 use tokio::sync::oneshot;
 
 use super::super::{Decide, Decision, StorageError, StorageErrorKind};
 use super::Inner;
-use super::error::{Attempt, item_error, redis_error, timeout_error};
-use super::script::{Args, BATCH, BatchArgs, Script, decode};
+use super::batch_args::BatchArgs;
+use super::error::{Attempt, redis_error, timeout_error};
+use super::script::{Args, BATCH, Script};
 
 /// How many calls one storage has in flight at once. One: everything that
 /// arrives during a call is decided by the next, which keeps the server's
@@ -228,9 +229,8 @@ async fn send(inner: &Arc<Inner>, batch: Vec<Waiting>) {
     let Some(batcher) = inner.batch.as_ref() else {
         return;
     };
-    let args: Vec<&Args> = batch.iter().map(|waiting| &waiting.args).collect();
+    let args = BatchArgs::new(batch.iter().map(|waiting| &waiting.args).collect());
     let call = async {
-        let args = BatchArgs(&args);
         // `Charge` stands for "each decision's own attempt" in what fails.
         match batcher.script.call(&inner.conn, &args, Attempt::Charge).await {
             // Not sent (see `Inner::call`): one more try.
@@ -241,7 +241,6 @@ async fn send(inner: &Arc<Inner>, batch: Vec<Waiting>) {
         }
     };
     let outcome = tokio::time::timeout(inner.timeout, call).await;
-    drop(args);
     match outcome {
         Err(_) => {
             for waiting in batch {
@@ -251,26 +250,29 @@ async fn send(inner: &Arc<Inner>, batch: Vec<Waiting>) {
             }
         }
         Ok(Err((step, error))) => fail_all(batch, step, &error),
-        Ok(Ok(Value::Array(replies))) if replies.len() == batch.len() => {
-            for (waiting, reply) in batch.into_iter().zip(replies) {
-                let decided = match reply {
-                    Value::BulkString(text) => {
-                        Err(item_error(waiting.attempt, &String::from_utf8_lossy(&text)))
-                    }
-                    Value::SimpleString(text) => Err(item_error(waiting.attempt, &text)),
-                    other => decode(other, waiting.bands),
-                };
-                let _ = waiting.reply.send(decided);
+        Ok(Ok(value)) => match args.split(value) {
+            Some((replies, now)) => {
+                let decided: Vec<_> = replies
+                    .into_iter()
+                    .zip(&batch)
+                    .enumerate()
+                    .map(|(i, (reply, waiting))| args.decode(i, reply, now, waiting.attempt))
+                    .collect();
+                drop(args);
+                for (waiting, decided) in batch.into_iter().zip(decided) {
+                    let _ = waiting.reply.send(decided);
+                }
             }
-        }
-        Ok(Ok(_)) => {
-            for waiting in batch {
-                let _ = waiting.reply.send(Err(StorageError::new(
-                    StorageErrorKind::Other,
-                    "unexpected reply from the rate-limit batch script (another script under its SHA-1?)",
-                )));
+            None => {
+                drop(args);
+                for waiting in batch {
+                    let _ = waiting.reply.send(Err(StorageError::new(
+                        StorageErrorKind::Other,
+                        "unexpected reply from the rate-limit batch script (another script under its SHA-1?)",
+                    )));
+                }
             }
-        }
+        },
     }
 }
 
