@@ -1,6 +1,6 @@
 -- tower-rate-tier: many decisions in one call, in order, each one exactly
--- the decision `redis.lua` makes. It runs after `gcra.lua` and `redis.lua`
--- (the latter wrapped as the function `decide`).
+-- the decision `redis.lua` makes. It runs after `gcra.lua` (`charge_band`)
+-- and `redis.lua`, the latter wrapped as the function `decide`.
 --
 -- KEYS      every decision's keys, one decision after the other.
 -- ARGV[1]   the contract, "trt-batch-2"; any other value is refused.
@@ -46,24 +46,29 @@ if count == nil or count < 1 or m == nil or m < 0 or 4 + 3 * m > nargs then
   return redis.error_reply("ERR tower-rate-tier: bad batch arguments")
 end
 
-local type, tostring = type, tostring
+local tonumber, type, tostring, format, ceil = tonumber, type, tostring, string.format, math.ceil
 
 -- The server's TIME, read once per call.
-local server_now_us = nil
+local server_time = nil
 local function server_now()
-  if server_now_us == nil then
-    server_now_us = time_arg("")
+  if server_time == nil then
+    if redis.replicate_commands then
+      redis.replicate_commands()
+    end
+    local t = redis.call("TIME")
+    server_time = tonumber(t[1]) * 1000000 + tonumber(t[2])
   end
-  return server_now_us
+  return server_time
 end
 
--- The triples by name ("s1", ...): { interval, tolerance, increment }, or
--- false for one that `redis.lua` would refuse.
+-- The triples by name ("s1", ...): { tolerance, increment }, or false for
+-- arguments `redis.lua` refuses.
 local triples = {}
 for j = 1, m do
   local b = 2 + 3 * j
-  local interval, tol, inc = limited_band(ARGV[b], ARGV[b + 1], ARGV[b + 2])
-  triples["s" .. j] = interval ~= nil and { interval, tol, inc }
+  local interval, tol, inc = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
+  local bad = interval == nil or tol == nil or inc == nil or interval < 1 or tol < interval or inc < 0
+  triples["s" .. j] = not bad and { tol, inc }
 end
 
 -- The short decisions' time, read when the first one needs it (false: not
@@ -74,15 +79,18 @@ local function short_now()
     if ARGV[3] == "" then
       now = server_now()
     else
-      now = time_arg(ARGV[3]) or false
+      now = tonumber(ARGV[3])
+      if now == nil or now ~= now or now < 0 or now >= 9007199254740992 then
+        now = false
+      end
     end
   end
   return now
 end
 
 -- The stored values of every key, by position in KEYS (false: missing or
--- not a string), or nil when they could not be read together; read when
--- the first short decision needs them.
+-- not a string), read when the first short decision needs them; false when
+-- they could not be read together.
 local stored = nil
 local function read_all()
   stored = {}
@@ -106,8 +114,8 @@ local read_together = nil
 -- full decision, or a write failed: to be read again
 local written = {}
 
--- `redis.lua`'s single-band charge of `key` (position `k` in KEYS) with
--- triple `band`: the reply element.
+-- A short decision on `key` (position `k` in KEYS) with triple `band`: its
+-- reply element.
 local function charge(key, k, band)
   if band == false then
     return "ERR tower-rate-tier: bad band arguments"
@@ -123,15 +131,16 @@ local function charge(key, k, band)
   if tat == nil and read_together then
     tat = stored[k]
   elseif not tat then
-    local failed
-    tat, failed = read_band(key)
-    if failed ~= nil then
-      return tostring(failed.err)
+    -- as in `redis.lua`: a key of another type is a fresh state, any other
+    -- failure is this decision's error
+    tat = redis.pcall("GET", key)
+    if type(tat) == "table" and type(tat.err) == "string" and not string.find(tat.err, "WRONGTYPE", 1, true) then
+      return tostring(tat.err)
     end
   end
-  local reply, write = charge_band(tat, now, band[2], band[3])
+  local reply, write = charge_band(tat, now, band[1], band[2])
   if write ~= nil then
-    local set = write_band(redis.pcall, key, now, write)
+    local set = redis.pcall("SET", key, format("%d", now + write), "PX", format("%d", ceil(write / 1000) + 1))
     if type(set) == "table" and set.err ~= nil then
       written[key] = false
       return tostring(set.err)

@@ -30,21 +30,24 @@
 //!
 //! **Batching** (on by default on a single server,
 //! [`batching`](RedisStorageBuilder::batching)): a decision asked for while
-//! the storage's previous call is still in flight waits for it, and
-//! everything that waited goes out as one call of a batch script (at most
-//! [`max_batch`](RedisStorageBuilder::max_batch), default 128, per call). The
-//! batch script decides in order, with one `TIME` per call, each decision
-//! exactly as a call of its own would (a charge of one limited band through
-//! the single script's arithmetic inline, with one `MGET` for the whole
-//! batch; any other decision through the single script's own code); one
-//! decision's failure (a command the ACL denies, say) never fails the
-//! others. There is no timer: a decision that
-//! finds no call in flight is sent at once, so light traffic sees no added
-//! latency. The timeout stays per decision (time spent waiting for the
-//! batch counts), a decision whose caller has given up is never sent, and a
-//! batch that failed or timed out is never sent again. **On a Redis Cluster
-//! every decision is its own call** (a batch's keys would span slots; calls
-//! are not routed by slot).
+//! a call of the storage is in flight waits in a queue, and the queue goes
+//! out as one call of a batch script (at most
+//! [`max_batch`](RedisStorageBuilder::max_batch), default 128, per call)
+//! when that call ends, or at once as a second call in flight when the
+//! queue holds half of the decisions waiting (at most two calls in flight:
+//! Redis has the next batch to run while the client handles the last
+//! reply). The batch script decides in order, with one `TIME` per call,
+//! each decision exactly as a call of its own would (a charge of one
+//! limited band with the single script's arithmetic inline, with one `MGET`
+//! for the whole batch; any other decision through the single script's own
+//! code); one decision's failure (a command the ACL denies, say) never
+//! fails the others. There is no timer: a decision that finds no call in
+//! flight is sent at once, so light traffic sees no added latency. The
+//! timeout stays per decision (time spent waiting for the batch counts), a
+//! decision whose caller has given up is never sent, and a batch that
+//! failed or timed out is never sent again. **On a Redis Cluster every
+//! decision is its own call** (a batch's keys would span slots; calls are
+//! not routed by slot).
 //!
 //! **Deny cache** (on by default, [`deny_cache`](RedisStorageBuilder::deny_cache)):
 //! after Redis denies a key, the key's band states are kept in process, and

@@ -2,11 +2,13 @@
 --
 -- The reference is `gcra::decide` / `gcra::refund` (Rust, nanoseconds); this
 -- script is the same arithmetic in integer microseconds. It runs after
--- `gcra.lua`, whose functions it uses.
+-- `gcra.lua`, whose `charge_band` decides a charge of one limited band.
 --
 -- KEYS[i]   the TAT of band i: integer microseconds since the Unix epoch, as
---           a decimal string. All keys of one call share one hash tag, so
---           Redis Cluster accepts the call.
+--           a decimal string, written with string.format("%d") (exact below
+--           2^63, where Lua's own tostring is not; cheaper than the server's
+--           own conversion of a number argument). All keys of one call share
+--           one hash tag, so Redis Cluster accepts the call.
 -- ARGV[1]   "c" (check: charge all bands or none) or "r" (refund).
 -- ARGV[2]   now in microseconds since the Unix epoch, or "" to read the
 --           server's TIME (the default: every instance shares one clock).
@@ -37,39 +39,54 @@ if n == 0 or #ARGV ~= 2 + 3 * n then
   return redis.error_reply("ERR tower-rate-tier: bad script arguments")
 end
 
--- floor(left / interval), immune to the rounding of the division
-local function whole(left, interval)
+local EXACT = 9007199254740992 -- 2^53
+local floor, ceil, tonumber, format = math.floor, math.ceil, tonumber, string.format
+
+local now
+if ARGV[2] == "" then
+  -- Redis 7 replicates effects by default; older servers need this before
+  -- a write that follows TIME.
+  if redis.replicate_commands then
+    redis.replicate_commands()
+  end
+  local t = redis.call("TIME")
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+else
+  now = tonumber(ARGV[2])
+end
+if now == nil or now ~= now or now < 0 or now >= EXACT then
+  return redis.error_reply("ERR tower-rate-tier: bad time")
+end
+
+-- One limited band (the common case): `charge_band`, the same arithmetic
+-- as below, without tables.
+if n == 1 and ARGV[1] == "c" and ARGV[3] ~= "0" then
+  local interval, tol, inc = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+  if interval == nil or tol == nil or inc == nil or interval < 1 or tol < interval or inc < 0 then
+    return redis.error_reply("ERR tower-rate-tier: bad band arguments")
+  end
+  -- a key of another type makes GET fail: pcall gives a table, a fresh
+  -- state; any other failure (a command the ACL denies) is the reply, never
+  -- a fresh state (that would admit every request)
+  local tat = redis.pcall("GET", KEYS[1])
+  if type(tat) == "table" and type(tat.err) == "string" and not string.find(tat.err, "WRONGTYPE", 1, true) then
+    return tat
+  end
+  local reply, write = charge_band(tat, now, tol, inc)
+  if write ~= nil then
+    redis.call("SET", KEYS[1], format("%d", now + write), "PX", format("%d", ceil(write / 1000) + 1))
+  end
+  local used, retry, allowed = reply, 0, 1
+  if reply < 0 then
+    used = -reply - 1
+    retry, allowed = used + inc - tol, 0
+  end
+  local left = tol - used
   local remaining = floor(left / interval)
   if remaining * interval > left then
     remaining = remaining - 1
   end
-  return remaining
-end
-
-local now = time_arg(ARGV[2])
-if now == nil then
-  return redis.error_reply("ERR tower-rate-tier: bad time")
-end
-
--- One limited band (the common case): `charge_band`, without tables.
-if n == 1 and ARGV[1] == "c" and ARGV[3] ~= "0" then
-  local interval, tol, inc = limited_band(ARGV[3], ARGV[4], ARGV[5])
-  if interval == nil then
-    return redis.error_reply("ERR tower-rate-tier: bad band arguments")
-  end
-  local tat, failed = read_band(KEYS[1])
-  if failed ~= nil then
-    return failed
-  end
-  local reply, write = charge_band(tat, now, tol, inc)
-  if write ~= nil then
-    write_band(redis.call, KEYS[1], now, write)
-  end
-  if reply >= 0 then
-    return { 1, now, whole(tol - reply, interval), reply, 0 }
-  end
-  local used = -reply - 1
-  return { 0, now, whole(tol - used, interval), used, used + inc - tol }
+  return { allowed, now, remaining, used, retry }
 end
 
 -- Stored TATs; a missing key, a malformed value or a key of another type
@@ -86,9 +103,22 @@ for i = 1, n do
   if interval == nil or tol == nil or inc == nil or interval < 0 or tol < interval or inc < 0 then
     return redis.error_reply("ERR tower-rate-tier: bad band arguments")
   end
-  local used, clamped, tat = 0, false, nil
-  if interval > 0 then
-    used, clamped, tat = used_of(stored[i], now, tol)
+  local tat = stored[i]
+  if type(tat) ~= "string" then
+    tat = nil
+  else
+    tat = tonumber(tat)
+    if tat == nil or tat ~= tat or tat < 0 or tat >= EXACT or tat ~= floor(tat) then
+      tat = nil
+    end
+  end
+  local used, clamped = 0, false
+  if interval > 0 and tat ~= nil and tat > now then
+    if tat > now + tol then
+      used, clamped = tol, true
+    else
+      used = tat - now
+    end
   end
   local charged = used + inc
   if interval > 0 and charged > tol then
@@ -114,13 +144,18 @@ if refund then
         end
         back = back - band[3]
         if back > now then
-          write_band(redis.call, KEYS[i], now, back - now)
+          redis.call("SET", KEYS[i], format("%d", back), "PX", format("%d", ceil((back - now) / 1000) + 1))
           used = back - now
         else
           redis.call("DEL", KEYS[i])
         end
       end
-      out[k], out[k + 1], out[k + 2] = whole(tol - used, interval), used, 0
+      local left = tol - used
+      local remaining = floor(left / interval)
+      if remaining * interval > left then
+        remaining = remaining - 1
+      end
+      out[k], out[k + 1], out[k + 2] = remaining, used, 0
     end
   end
   return out
@@ -156,9 +191,14 @@ for i = 1, n do
       left = tol - used
     end
     if write ~= nil then
-      write_band(redis.call, KEYS[i], now, write)
+      redis.call("SET", KEYS[i], format("%d", now + write), "PX", format("%d", ceil(write / 1000) + 1))
     end
-    out[k], out[k + 1], out[k + 2] = whole(left, interval), used, retry
+    -- floor(left / interval), immune to the rounding of the division
+    local remaining = floor(left / interval)
+    if remaining * interval > left then
+      remaining = remaining - 1
+    end
+    out[k], out[k + 1], out[k + 2] = remaining, used, retry
   end
 end
 return out

@@ -1,6 +1,6 @@
 //! The Lua scripts: `redis.lua` (one decision) and `batch.lua` (many
 //! decisions, each decided as `redis.lua` decides it), both after
-//! `gcra.lua` (what they share), their arguments, the `EVALSHA`
+//! `gcra.lua` (the charge of one band, which they share), their arguments, the `EVALSHA`
 //! call with its `EVAL` fallbacks, and the reply of one decision.
 //!
 //! A call is one `EVALSHA`. A `NOSCRIPT` reply (a restarted or flushed
@@ -21,8 +21,8 @@ use super::link::{Conn, Stage};
 use crate::gcra::BandState;
 use crate::quota::Quota;
 
-/// One decision: `redis.lua`, after `gcra.lua` (the server's time and one
-/// band's arithmetic, which both scripts share).
+/// One decision: `redis.lua`, after `gcra.lua` (`charge_band`, the
+/// arithmetic of a charge on one limited band, which both scripts share).
 pub(super) const SINGLE: &str = concat!(include_str!("gcra.lua"), include_str!("redis.lua"));
 
 /// Many decisions in one call: `batch.lua` decides a charge of one limited
