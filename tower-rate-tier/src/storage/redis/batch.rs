@@ -195,6 +195,9 @@ fn spread(inner: &Arc<Inner>) {
         return;
     };
     let batch = batcher.take(&mut state);
+    if batch.is_empty() {
+        return;
+    }
     state.in_flight += 1;
     drop(state);
     let turn = Turn::new(inner.clone(), batch.len());
