@@ -1,27 +1,54 @@
 -- tower-rate-tier: many decisions in one call, in order, each one exactly
--- the decision `redis.lua` makes (its code is the function `decide` above,
--- called with the decision's own keys and arguments).
+-- the decision `redis.lua` makes. It runs after `gcra.lua` (`charge_band`)
+-- and `redis.lua`, the latter wrapped as the function `decide`.
 --
 -- KEYS      every decision's keys, one decision after the other.
--- ARGV[1]   the contract, "trt-batch-1"; any other value is refused.
+-- ARGV[1]   the contract, "trt-batch-2"; any other value is refused.
 -- ARGV[2]   the number of decisions.
--- then per decision: its key count n, its mode ("c" or "r"), its time in
---           microseconds or "" for the server's TIME (read once per call,
---           whatever the number of decisions), and 3n band arguments, as
---           for `redis.lua`.
+-- ARGV[3]   the time of the short decisions (below), in microseconds, or ""
+--           for the server's TIME.
+-- ARGV[4]   m, the number of band triples the short decisions name,
+--           followed by the m triples (interval, tolerance, increment, as
+--           for `redis.lua`).
+-- then per decision, either
+--   short:  "s<j>": a charge of the one limited band of triple j (1-based)
+--           at the time in ARGV[3], decided here with `charge_band`, as
+--           `redis.lua` decides it;
+--   full:   its key count n, its mode ("c" or "r"), its time in
+--           microseconds or "" for the server's TIME, and 3n band
+--           arguments, run through `decide` with the decision's own keys
+--           and arguments.
+-- The server's TIME is read once per call, whatever the number of
+-- decisions.
 --
--- Reply: one element per decision, in order: `redis.lua`'s reply, or a
--- string with the error of that decision alone (a bad key, a command the
--- ACL denies): one decision's failure never fails the others.
+-- Reply: one element per decision, in order, then, when there were short
+-- decisions, their time. A full decision's element is `redis.lua`'s reply;
+-- a short decision's is the band's time used (`reset_after`, in
+-- microseconds) after the decision when admitted, or -(used + 1), the
+-- state it left alone, when denied: its caller derives the rest from the
+-- triple as `redis.lua` does. Either is a string with the error of that
+-- decision alone (a bad key, a command the ACL denies): one decision's
+-- failure never fails the others.
+--
+-- The stored values of short decisions come from one MGET of every key of
+-- the call; a key this call has written since is taken from the table
+-- `written` (a key asked for twice in one batch), and a key that a full
+-- decision may have written is read again. When the MGET fails (an ACL
+-- that denies one key, say) each short decision reads its own key with
+-- GET, as `redis.lua` does, so a failure stays that decision's.
 
-if ARGV[1] ~= "trt-batch-1" then
+if ARGV[1] ~= "trt-batch-2" then
   return redis.error_reply("ERR tower-rate-tier: unknown batch contract")
 end
-local count = tonumber(ARGV[2])
-if count == nil or count < 1 then
+local count, m = tonumber(ARGV[2]), tonumber(ARGV[4])
+local nargs, nkeys = #ARGV, #KEYS
+if count == nil or count < 1 or m == nil or m < 0 or 4 + 3 * m > nargs then
   return redis.error_reply("ERR tower-rate-tier: bad batch arguments")
 end
 
+local tonumber, type, tostring, format, ceil = tonumber, type, tostring, string.format, math.ceil
+
+-- The server's TIME, read once per call.
 local server_time = nil
 local function server_now()
   if server_time == nil then
@@ -34,43 +61,147 @@ local function server_now()
   return server_time
 end
 
-local out = {}
--- one decision's keys and arguments; the tables are reused from one
--- decision to the next (`decide` keeps no reference to them)
-local keys, argv, width = {}, {}, 0
-local k, a = 1, 3
-for i = 1, count do
-  local n = tonumber(ARGV[a])
-  if n == nil or n < 1 or a + 2 + 3 * n > #ARGV or k + n - 1 > #KEYS then
-    return redis.error_reply("ERR tower-rate-tier: bad batch arguments")
-  end
-  local now = ARGV[a + 2]
-  if now == "" then
-    now = server_now()
-  end
-  for j = n + 1, width do
-    keys[j] = nil
-    argv[2 + 3 * j - 2], argv[2 + 3 * j - 1], argv[2 + 3 * j] = nil, nil, nil
-  end
-  width = n
-  argv[1], argv[2] = ARGV[a + 1], now
-  for j = 1, n do
-    keys[j] = KEYS[k + j - 1]
-  end
-  for j = 1, 3 * n do
-    argv[2 + j] = ARGV[a + 2 + j]
-  end
-  local ok, reply = pcall(decide, keys, argv)
-  if not ok then
-    if type(reply) == "table" and reply.err ~= nil then
-      reply = tostring(reply.err)
+-- The triples by name ("s1", ...): { tolerance, increment }, or false for
+-- arguments `redis.lua` refuses.
+local triples = {}
+for j = 1, m do
+  local b = 2 + 3 * j
+  local interval, tol, inc = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
+  local bad = interval == nil or tol == nil or inc == nil or interval < 1 or tol < interval or inc < 0
+  triples["s" .. j] = not bad and { tol, inc }
+end
+
+-- The short decisions' time, read when the first one needs it (false: not
+-- a time).
+local now = nil
+local function short_now()
+  if now == nil then
+    if ARGV[3] == "" then
+      now = server_now()
     else
-      reply = "ERR " .. tostring(reply)
+      now = tonumber(ARGV[3])
+      if now == nil or now ~= now or now < 0 or now >= 9007199254740992 then
+        now = false
+      end
     end
-  elseif type(reply) == "table" and reply.err ~= nil then
-    reply = tostring(reply.err)
   end
-  out[i] = reply
-  k, a = k + n, a + 3 + 3 * n
+  return now
+end
+
+-- The stored values of every key, by position in KEYS (false: missing or
+-- not a string), read when the first short decision needs them; false when
+-- they could not be read together.
+local stored = nil
+local function read_all()
+  stored = {}
+  for first = 1, nkeys, 512 do
+    local last = first + 511
+    if last > nkeys then
+      last = nkeys
+    end
+    local values = redis.pcall("MGET", unpack(KEYS, first, last))
+    if type(values) ~= "table" or values.err ~= nil then
+      return false
+    end
+    for j = 1, last - first + 1 do
+      stored[first + j - 1] = values[j]
+    end
+  end
+  return true
+end
+local read_together = nil
+-- key -> its TAT as this call wrote it (a number), or false: written by a
+-- full decision, or a write failed: to be read again
+local written = {}
+
+-- A short decision on `key` (position `k` in KEYS) with triple `band`: its
+-- reply element.
+local function charge(key, k, band)
+  if band == false then
+    return "ERR tower-rate-tier: bad band arguments"
+  end
+  local now = short_now()
+  if not now then
+    return "ERR tower-rate-tier: bad time"
+  end
+  if read_together == nil then
+    read_together = read_all()
+  end
+  local tat = written[key]
+  if tat == nil and read_together then
+    tat = stored[k]
+  elseif not tat then
+    -- as in `redis.lua`: a key of another type is a fresh state, any other
+    -- failure is this decision's error
+    tat = redis.pcall("GET", key)
+    if type(tat) == "table" and type(tat.err) == "string" and not string.find(tat.err, "WRONGTYPE", 1, true) then
+      return tostring(tat.err)
+    end
+  end
+  local reply, write = charge_band(tat, now, band[1], band[2])
+  if write ~= nil then
+    local set = redis.pcall("SET", key, format("%d", now + write), "PX", format("%d", ceil(write / 1000) + 1))
+    if type(set) == "table" and set.err ~= nil then
+      written[key] = false
+      return tostring(set.err)
+    end
+    written[key] = now + write
+  end
+  return reply
+end
+
+local out = {}
+-- one full decision's keys and arguments for `decide`; the tables are
+-- reused from one decision to the next (`decide` keeps no reference to
+-- them)
+local keys, argv, width = {}, {}, 0
+local k, a = 1, 5 + 3 * m
+for i = 1, count do
+  local tag = ARGV[a]
+  local band = triples[tag]
+  if band ~= nil then
+    if k > nkeys then
+      return redis.error_reply("ERR tower-rate-tier: bad batch arguments")
+    end
+    out[i] = charge(KEYS[k], k, band)
+    k, a = k + 1, a + 1
+  else
+    local n = tonumber(tag)
+    if n == nil or n < 1 or a + 2 + 3 * n > nargs or k + n - 1 > nkeys then
+      return redis.error_reply("ERR tower-rate-tier: bad batch arguments")
+    end
+    local t = ARGV[a + 2]
+    if t == "" then
+      t = server_now()
+    end
+    for j = n + 1, width do
+      keys[j] = nil
+      argv[2 + 3 * j - 2], argv[2 + 3 * j - 1], argv[2 + 3 * j] = nil, nil, nil
+    end
+    width = n
+    argv[1], argv[2] = ARGV[a + 1], t
+    for j = 1, n do
+      keys[j] = KEYS[k + j - 1]
+      written[keys[j]] = false
+    end
+    for j = 1, 3 * n do
+      argv[2 + j] = ARGV[a + 2 + j]
+    end
+    local ok, reply = pcall(decide, keys, argv)
+    if not ok then
+      if type(reply) == "table" and reply.err ~= nil then
+        reply = tostring(reply.err)
+      else
+        reply = "ERR " .. tostring(reply)
+      end
+    elseif type(reply) == "table" and reply.err ~= nil then
+      reply = tostring(reply.err)
+    end
+    out[i] = reply
+    k, a = k + n, a + 3 + 3 * n
+  end
+end
+if now then
+  out[count + 1] = now
 end
 return out

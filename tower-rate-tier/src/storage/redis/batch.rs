@@ -1,19 +1,31 @@
 //! Opportunistic batching: a decision that arrives while the storage's call
-//! is in flight waits in a queue; when the call ends, everything queued (up
-//! to the cap) goes out as one call of the batch script.
+//! is in flight waits in a queue; the queue goes out as one call of the
+//! batch script when a call ends, or as a second call in flight once it
+//! holds its share of the decisions waiting.
 //!
 //! * No timer: a decision that finds no call in flight is sent at once, as
 //!   one ordinary script call, so light traffic sees no added latency and
 //!   no batch script. Batches form only under concurrency, as large as the
-//!   traffic that arrived during one round trip.
-//! * Order: the queue is first in, first out, and a batch decides in queue
-//!   order, so decisions are made in the order they were asked for, each
+//!   traffic that arrived during a round trip.
+//! * Two calls in flight at most: the queue goes out as a call of its own
+//!   while one call is in flight once it holds half of the decisions in
+//!   flight and queued (so the two calls stay of about one size), rather
+//!   than waiting for that call to end. Redis then always has the next call
+//!   to run while the client handles the last reply, and each call still
+//!   carries a batch of its share of the traffic. The check runs when a
+//!   queued decision is first awaited, so decisions asked for together
+//!   before any is awaited stay together.
+//! * Order: the queue is first in, first out, a batch decides in queue
+//!   order, and a call takes decisions only once the call that took
+//!   decisions before it has been handed to the connection (which sends in
+//!   order), so decisions are made in the order they were asked for, each
 //!   exactly as a call of its own would make it.
 //! * The right to send (a [`Turn`]) passes from a finished call to a task
 //!   that sends what has queued meanwhile, and that task keeps sending while
 //!   the queue refills; it ends (and the turn with it) once the queue is
-//!   empty. A turn dropped early (its caller gave up, the runtime ended)
-//!   passes on too, so a queued decision is never stranded.
+//!   empty, or holds less than its share while another call is in flight
+//!   (whose end takes it). A turn dropped early (its caller gave up, the
+//!   runtime ended) passes on too, so a queued decision is never stranded.
 //! * Timeouts stay per decision: a queued decision fails with
 //!   `Timeout` once its own timeout has passed since it was asked for; a
 //!   decision whose caller has gone is never sent; a batch that failed or
@@ -21,20 +33,22 @@
 //!   not run, is answered by sending the script, as for a single call).
 
 use std::collections::VecDeque;
+use std::future::{Future, poll_fn};
+use std::pin::pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::Poll;
 
-use redis::{RedisError, Value};
+use redis::RedisError;
 use tokio::sync::oneshot;
 
 use super::super::{Decide, Decision, StorageError, StorageErrorKind};
 use super::Inner;
-use super::error::{Attempt, item_error, redis_error, timeout_error};
-use super::script::{Args, BATCH, BatchArgs, Script, decode};
+use super::batch_args::BatchArgs;
+use super::error::{Attempt, redis_error, timeout_error};
+use super::script::{Args, BATCH, Script};
 
-/// How many calls one storage has in flight at once. One: everything that
-/// arrives during a call is decided by the next, which keeps the server's
-/// work per decision lowest.
-const MAX_IN_FLIGHT: usize = 1;
+/// How many calls one storage has in flight at most.
+const MAX_IN_FLIGHT: usize = 2;
 
 /// The default cap on decisions per batch.
 pub(super) const DEFAULT_MAX_BATCH: usize = 128;
@@ -47,10 +61,30 @@ pub(super) struct Batcher {
 }
 
 struct State {
+    /// Calls in flight (turns held).
     in_flight: usize,
-    /// Never empty while `in_flight` is 0: whoever gives the last turn back
-    /// takes the queue first.
+    /// Decisions in those calls.
+    flying: usize,
+    /// A call has taken its decisions but not yet been handed to the
+    /// connection: no other call takes decisions until it has.
+    unsent: bool,
+    /// Empty while `in_flight` is 0: whoever would give the last turn back
+    /// takes the queue instead.
     queue: VecDeque<Waiting>,
+}
+
+impl State {
+    /// Whether the queue goes out now, as the call of a turn whose call has
+    /// ended (`alone`: no other call in flight) or of a new turn: it is not
+    /// empty, no call waits to be handed to the connection, and either no
+    /// other call is in flight or the queue holds its share, an even part
+    /// of the decisions in flight and queued.
+    fn ready(&self, alone: bool, max: usize) -> bool {
+        let share = (self.flying + self.queue.len())
+            .div_ceil(MAX_IN_FLIGHT)
+            .clamp(1, max);
+        !self.queue.is_empty() && !self.unsent && (alone || self.queue.len() >= share)
+    }
 }
 
 /// A decision waiting for a batch.
@@ -69,6 +103,8 @@ impl Batcher {
             script: Script::new(BATCH),
             state: Mutex::new(State {
                 in_flight: 0,
+                flying: 0,
+                unsent: false,
                 queue: VecDeque::new(),
             }),
         }
@@ -83,7 +119,8 @@ impl Batcher {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Up to `max` queued decisions whose callers still wait, in order.
+    /// Up to `max` queued decisions whose callers still wait, in order,
+    /// for a call about to be handed to the connection.
     fn take(&self, state: &mut State) -> Vec<Waiting> {
         let mut batch = Vec::with_capacity(self.max.min(state.queue.len()));
         while batch.len() < self.max {
@@ -93,12 +130,14 @@ impl Batcher {
                 None => break,
             }
         }
+        state.flying += batch.len();
+        state.unsent = !batch.is_empty();
         batch
     }
 }
 
 /// Decides `args` through the queue of `inner` (which has a batcher): at
-/// once when no call is in flight, else with the next batch.
+/// once when no call is in flight, else with a later batch.
 pub(super) fn submit(
     inner: &Arc<Inner>,
     batcher: &Batcher,
@@ -106,15 +145,15 @@ pub(super) fn submit(
     bands: usize,
 ) -> Decide {
     let mut state = batcher.state();
-    if state.in_flight < MAX_IN_FLIGHT && state.queue.is_empty() {
-        state.in_flight += 1;
+    if state.in_flight == 0 {
+        state.in_flight = 1;
+        state.flying = 1;
+        state.unsent = true;
         drop(state);
-        let turn = Turn {
-            inner: inner.clone(),
-            held: true,
-        };
+        let mut turn = Turn::new(inner.clone(), 1);
         return Decide::pending(async move {
-            let decided = turn.inner.clone().call((args, attempt), bands).await;
+            let call = turn.inner.clone().call((args, attempt), bands);
+            let decided = handed(&turn.inner, &mut turn.unsent, call).await;
             drop(turn);
             decided
         });
@@ -127,10 +166,11 @@ pub(super) fn submit(
         reply,
     });
     drop(state);
-    let timeout = inner.timeout;
+    let inner = inner.clone();
     Decide::pending(async move {
-        match tokio::time::timeout(timeout, answer).await {
-            Err(_) => Err(timeout_error(attempt, timeout)),
+        spread(&inner);
+        match tokio::time::timeout(inner.timeout, answer).await {
+            Err(_) => Err(timeout_error(attempt, inner.timeout)),
             Ok(Ok(decided)) => decided,
             Ok(Err(_)) => Err(StorageError::new(
                 StorageErrorKind::Unavailable,
@@ -140,29 +180,92 @@ pub(super) fn submit(
     })
 }
 
-/// The right to have one call in flight.
+/// Sends the queue as a call of its own when there is room for one more
+/// call in flight and the queue holds its share (see [`State::ready`]),
+/// rather than after a call in flight.
+fn spread(inner: &Arc<Inner>) {
+    let Some(batcher) = inner.batch.as_ref() else {
+        return;
+    };
+    let mut state = batcher.state();
+    if state.in_flight == 0 || state.in_flight >= MAX_IN_FLIGHT || !state.ready(false, batcher.max) {
+        return;
+    }
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let batch = batcher.take(&mut state);
+    if batch.is_empty() {
+        return;
+    }
+    state.in_flight += 1;
+    drop(state);
+    let turn = Turn::new(inner.clone(), batch.len());
+    runtime.spawn(flush(turn, batch));
+}
+
+/// Runs `call`, the call of a turn, and notes after its first poll (which
+/// hands its command to the connection, or ends it) that the next call may
+/// take decisions.
+async fn handed<F: Future>(inner: &Inner, unsent: &mut bool, call: F) -> F::Output {
+    let mut call = pin!(call);
+    let first = poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
+    handed_over(inner, unsent);
+    match first {
+        Poll::Ready(output) => output,
+        Poll::Pending => call.await,
+    }
+}
+
+/// Notes that a turn's call has been handed to the connection (or given
+/// up): the next call may take decisions.
+fn handed_over(inner: &Inner, unsent: &mut bool) {
+    if std::mem::take(unsent) {
+        if let Some(batcher) = inner.batch.as_ref() {
+            batcher.state().unsent = false;
+        }
+    }
+}
+
+/// The right to have one call in flight, with the number of decisions in
+/// it.
 struct Turn {
     inner: Arc<Inner>,
+    size: usize,
     held: bool,
+    /// Its call has taken decisions but not been handed to the connection.
+    unsent: bool,
 }
 
 impl Turn {
-    fn batcher(&self) -> Option<&Batcher> {
-        self.inner.batch.as_ref()
+    /// The turn of a call that has just taken `size` decisions.
+    fn new(inner: Arc<Inner>, size: usize) -> Self {
+        Turn {
+            inner,
+            size,
+            held: true,
+            unsent: true,
+        }
     }
 
-    /// The next batch to send, or `None` after giving the turn back (the
-    /// queue was empty).
+    /// The next batch to send after this turn's call, or `None` after
+    /// giving the turn back (see [`State::ready`]).
     fn next(&mut self) -> Option<Vec<Waiting>> {
         let batcher = self.inner.batch.as_ref()?;
         let mut state = batcher.state();
-        let batch = batcher.take(&mut state);
-        if batch.is_empty() {
-            state.in_flight -= 1;
-            self.held = false;
-            return None;
+        state.flying -= std::mem::take(&mut self.size);
+        let alone = state.in_flight == 1;
+        if state.ready(alone, batcher.max) {
+            let batch = batcher.take(&mut state);
+            if !batch.is_empty() {
+                self.size = batch.len();
+                self.unsent = true;
+                return Some(batch);
+            }
         }
-        Some(batch)
+        state.in_flight -= 1;
+        self.held = false;
+        None
     }
 }
 
@@ -170,17 +273,15 @@ impl Drop for Turn {
     /// A finished (or abandoned) call passes the turn to a task that sends
     /// what has queued meanwhile.
     fn drop(&mut self) {
+        handed_over(&self.inner, &mut self.unsent);
         if !self.held {
             return;
         }
         let Some(batch) = self.next() else {
             return;
         };
-        let next = Turn {
-            inner: self.inner.clone(),
-            held: true,
-        };
-        self.held = false;
+        let mut next = Turn::new(self.inner.clone(), self.size);
+        (self.held, self.unsent) = (false, false);
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 runtime.spawn(flush(next, batch));
@@ -188,11 +289,12 @@ impl Drop for Turn {
             Err(_) => {
                 // No runtime to send on: every queued caller gets an error
                 // (its sender dropped) and the turn is given back.
-                let mut next = next;
                 next.held = false;
-                if let Some(batcher) = next.batcher() {
+                handed_over(&next.inner, &mut next.unsent);
+                if let Some(batcher) = next.inner.batch.as_ref() {
                     let mut state = batcher.state();
                     state.queue.clear();
+                    state.flying -= next.size;
                     state.in_flight -= 1;
                 }
             }
@@ -204,7 +306,8 @@ impl Drop for Turn {
 async fn flush(mut turn: Turn, mut batch: Vec<Waiting>) {
     loop {
         batch.retain(|waiting| !waiting.reply.is_closed());
-        send(&turn.inner, batch).await;
+        let Turn { inner, unsent, .. } = &mut turn;
+        handed(inner, unsent, send(inner, batch)).await;
         match turn.next() {
             Some(next) => batch = next,
             None => return,
@@ -228,9 +331,8 @@ async fn send(inner: &Arc<Inner>, batch: Vec<Waiting>) {
     let Some(batcher) = inner.batch.as_ref() else {
         return;
     };
-    let args: Vec<&Args> = batch.iter().map(|waiting| &waiting.args).collect();
+    let args = BatchArgs::new(batch.iter().map(|waiting| &waiting.args).collect());
     let call = async {
-        let args = BatchArgs(&args);
         // `Charge` stands for "each decision's own attempt" in what fails.
         match batcher.script.call(&inner.conn, &args, Attempt::Charge).await {
             // Not sent (see `Inner::call`): one more try.
@@ -241,7 +343,6 @@ async fn send(inner: &Arc<Inner>, batch: Vec<Waiting>) {
         }
     };
     let outcome = tokio::time::timeout(inner.timeout, call).await;
-    drop(args);
     match outcome {
         Err(_) => {
             for waiting in batch {
@@ -251,26 +352,29 @@ async fn send(inner: &Arc<Inner>, batch: Vec<Waiting>) {
             }
         }
         Ok(Err((step, error))) => fail_all(batch, step, &error),
-        Ok(Ok(Value::Array(replies))) if replies.len() == batch.len() => {
-            for (waiting, reply) in batch.into_iter().zip(replies) {
-                let decided = match reply {
-                    Value::BulkString(text) => {
-                        Err(item_error(waiting.attempt, &String::from_utf8_lossy(&text)))
-                    }
-                    Value::SimpleString(text) => Err(item_error(waiting.attempt, &text)),
-                    other => decode(other, waiting.bands),
-                };
-                let _ = waiting.reply.send(decided);
+        Ok(Ok(value)) => match args.split(value) {
+            Some((replies, now)) => {
+                let decided: Vec<_> = replies
+                    .into_iter()
+                    .zip(&batch)
+                    .enumerate()
+                    .map(|(i, (reply, waiting))| args.decode(i, reply, now, waiting.attempt))
+                    .collect();
+                drop(args);
+                for (waiting, decided) in batch.into_iter().zip(decided) {
+                    let _ = waiting.reply.send(decided);
+                }
             }
-        }
-        Ok(Ok(_)) => {
-            for waiting in batch {
-                let _ = waiting.reply.send(Err(StorageError::new(
-                    StorageErrorKind::Other,
-                    "unexpected reply from the rate-limit batch script (another script under its SHA-1?)",
-                )));
+            None => {
+                drop(args);
+                for waiting in batch {
+                    let _ = waiting.reply.send(Err(StorageError::new(
+                        StorageErrorKind::Other,
+                        "unexpected reply from the rate-limit batch script (another script under its SHA-1?)",
+                    )));
+                }
             }
-        }
+        },
     }
 }
 

@@ -30,19 +30,24 @@
 //!
 //! **Batching** (on by default on a single server,
 //! [`batching`](RedisStorageBuilder::batching)): a decision asked for while
-//! the storage's previous call is still in flight waits for it, and
-//! everything that waited goes out as one call of a batch script (at most
-//! [`max_batch`](RedisStorageBuilder::max_batch), default 128, per call). The
-//! batch script runs each decision through the single script's own code, in
-//! order, with one `TIME` per call, so each decision is exactly the one a
-//! call of its own would make; one decision's failure (a key of another
-//! type, say) never fails the others. There is no timer: a decision that
-//! finds no call in flight is sent at once, so light traffic sees no added
-//! latency. The timeout stays per decision (time spent waiting for the
-//! batch counts), a decision whose caller has given up is never sent, and a
-//! batch that failed or timed out is never sent again. **On a Redis Cluster
-//! every decision is its own call** (a batch's keys would span slots; calls
-//! are not routed by slot).
+//! a call of the storage is in flight waits in a queue, and the queue goes
+//! out as one call of a batch script (at most
+//! [`max_batch`](RedisStorageBuilder::max_batch), default 128, per call)
+//! when that call ends, or at once as a second call in flight when the
+//! queue holds half of the decisions waiting (at most two calls in flight:
+//! Redis has the next batch to run while the client handles the last
+//! reply). The batch script decides in order, with one `TIME` per call,
+//! each decision exactly as a call of its own would (a charge of one
+//! limited band with the single script's arithmetic inline, with one `MGET`
+//! for the whole batch; any other decision through the single script's own
+//! code); one decision's failure (a command the ACL denies, say) never
+//! fails the others. There is no timer: a decision that finds no call in
+//! flight is sent at once, so light traffic sees no added latency. The
+//! timeout stays per decision (time spent waiting for the batch counts), a
+//! decision whose caller has given up is never sent, and a batch that
+//! failed or timed out is never sent again. **On a Redis Cluster every
+//! decision is its own call** (a batch's keys would span slots; calls are
+//! not routed by slot).
 //!
 //! **Deny cache** (on by default, [`deny_cache`](RedisStorageBuilder::deny_cache)):
 //! after Redis denies a key, the key's band states are kept in process, and
@@ -60,7 +65,7 @@
 //! cap, deny cache on or off) share one quota on one server: the keys, the
 //! stored values (a band's time of being full again, in integer
 //! microseconds) and the expiries are the same whatever the settings. The
-//! batch script checks its contract (`trt-batch-1`, its first argument), and
+//! batch script checks its contract (`trt-batch-2`, its first argument), and
 //! a script is known to the server by its SHA-1, so instances running
 //! different versions of a script never run each other's. A change to the
 //! key layout or the stored values would come with a new key prefix.
@@ -192,6 +197,7 @@ use crate::clock::Clock;
 use crate::quota::Quota;
 
 mod batch;
+mod batch_args;
 mod builder;
 mod error;
 mod keys;

@@ -1,12 +1,14 @@
 -- tower-rate-tier: one GCRA decision over every band of a tier, atomically.
 --
 -- The reference is `gcra::decide` / `gcra::refund` (Rust, nanoseconds); this
--- script is the same arithmetic in integer microseconds.
+-- script is the same arithmetic in integer microseconds. It runs after
+-- `gcra.lua`, whose `charge_band` decides a charge of one limited band.
 --
 -- KEYS[i]   the TAT of band i: integer microseconds since the Unix epoch, as
---           a decimal string (numbers are passed to redis.call as numbers:
---           Redis converts them exactly, Lua's own tostring would not). All keys of one call share one hash tag, so
---           Redis Cluster accepts the call.
+--           a decimal string, written with string.format("%d") (exact below
+--           2^63, where Lua's own tostring is not; cheaper than the server's
+--           own conversion of a number argument). All keys of one call share
+--           one hash tag, so Redis Cluster accepts the call.
 -- ARGV[1]   "c" (check: charge all bands or none) or "r" (refund).
 -- ARGV[2]   now in microseconds since the Unix epoch, or "" to read the
 --           server's TIME (the default: every instance shares one clock).
@@ -38,7 +40,7 @@ if n == 0 or #ARGV ~= 2 + 3 * n then
 end
 
 local EXACT = 9007199254740992 -- 2^53
-local floor, ceil, tonumber = math.floor, math.ceil, tonumber
+local floor, ceil, tonumber, format = math.floor, math.ceil, tonumber, string.format
 
 local now
 if ARGV[2] == "" then
@@ -56,8 +58,8 @@ if now == nil or now ~= now or now < 0 or now >= EXACT then
   return redis.error_reply("ERR tower-rate-tier: bad time")
 end
 
--- One limited band (the common case): the same arithmetic as below, without
--- tables.
+-- One limited band (the common case): `charge_band`, the same arithmetic
+-- as below, without tables.
 if n == 1 and ARGV[1] == "c" and ARGV[3] ~= "0" then
   local interval, tol, inc = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
   if interval == nil or tol == nil or inc == nil or interval < 1 or tol < interval or inc < 0 then
@@ -70,43 +72,21 @@ if n == 1 and ARGV[1] == "c" and ARGV[3] ~= "0" then
   if type(tat) == "table" and type(tat.err) == "string" and not string.find(tat.err, "WRONGTYPE", 1, true) then
     return tat
   end
-  if type(tat) == "string" then
-    tat = tonumber(tat)
-  else
-    tat = nil
-  end
-  local used, clamped = 0, false
-  if tat ~= nil and tat == tat and tat > now and tat < EXACT and tat == floor(tat) then
-    if tat > now + tol then
-      used, clamped = tol, true
-    else
-      used = tat - now
-    end
-  end
-  local charged = used + inc
-  local left, retry, write = tol - charged, 0, nil
-  if charged <= tol then
-    if inc > 0 or clamped then
-      write = charged
-    end
-    used = charged
-  else
-    if clamped then
-      write = tol
-    end
-    left, retry = tol - used, charged - tol
-  end
+  local reply, write = charge_band(tat, now, tol, inc)
   if write ~= nil then
-    redis.call("SET", KEYS[1], now + write, "PX", ceil(write / 1000) + 1)
+    redis.call("SET", KEYS[1], format("%d", now + write), "PX", format("%d", ceil(write / 1000) + 1))
   end
+  local used, retry, allowed = reply, 0, 1
+  if reply < 0 then
+    used = -reply - 1
+    retry, allowed = used + inc - tol, 0
+  end
+  local left = tol - used
   local remaining = floor(left / interval)
   if remaining * interval > left then
     remaining = remaining - 1
   end
-  if retry > 0 then
-    return { 0, now, remaining, used, retry }
-  end
-  return { 1, now, remaining, used, 0 }
+  return { allowed, now, remaining, used, retry }
 end
 
 -- Stored TATs; a missing key, a malformed value or a key of another type
@@ -164,7 +144,7 @@ if refund then
         end
         back = back - band[3]
         if back > now then
-          redis.call("SET", KEYS[i], back, "PX", ceil((back - now) / 1000) + 1)
+          redis.call("SET", KEYS[i], format("%d", back), "PX", format("%d", ceil((back - now) / 1000) + 1))
           used = back - now
         else
           redis.call("DEL", KEYS[i])
@@ -211,7 +191,7 @@ for i = 1, n do
       left = tol - used
     end
     if write ~= nil then
-      redis.call("SET", KEYS[i], now + write, "PX", ceil(write / 1000) + 1)
+      redis.call("SET", KEYS[i], format("%d", now + write), "PX", format("%d", ceil(write / 1000) + 1))
     end
     -- floor(left / interval), immune to the rounding of the division
     local remaining = floor(left / interval)

@@ -1,5 +1,6 @@
 //! The Lua scripts: `redis.lua` (one decision) and `batch.lua` (many
-//! decisions, each through the same code), their arguments, the `EVALSHA`
+//! decisions, each decided as `redis.lua` decides it), both after
+//! `gcra.lua` (the charge of one band, which they share), their arguments, the `EVALSHA`
 //! call with its `EVAL` fallbacks, and the reply of one decision.
 //!
 //! A call is one `EVALSHA`. A `NOSCRIPT` reply (a restarted or flushed
@@ -20,13 +21,18 @@ use super::link::{Conn, Stage};
 use crate::gcra::BandState;
 use crate::quota::Quota;
 
-/// One decision.
-pub(super) const SINGLE: &str = include_str!("redis.lua");
+/// One decision: `redis.lua`, after `gcra.lua` (`charge_band`, the
+/// arithmetic of a charge on one limited band, which both scripts share).
+pub(super) const SINGLE: &str = concat!(include_str!("gcra.lua"), include_str!("redis.lua"));
 
-/// Many decisions in one call: `batch.lua` runs each through `redis.lua`'s
-/// code, wrapped as a function, so a batched decision is the single call's
-/// decision by construction.
+/// Many decisions in one call: `batch.lua` decides a charge of one limited
+/// band with `gcra.lua`'s `charge_band`, as `redis.lua` does (with one
+/// `MGET` for the whole batch), and any other decision through `redis.lua`'s
+/// code itself, wrapped as the function `decide`. The
+/// property test `batched_decisions_equal_one_call_each` holds both to the
+/// single call's decisions.
 pub(super) const BATCH: &str = concat!(
+    include_str!("gcra.lua"),
     "local function decide(KEYS, ARGV)\n",
     include_str!("redis.lua"),
     "\nend\n",
@@ -36,7 +42,7 @@ pub(super) const BATCH: &str = concat!(
 /// The batch script's contract, its first argument: the script refuses a
 /// caller that speaks another one. Bump it with any change to the layout of
 /// the batch's arguments or reply.
-pub(super) const BATCH_CONTRACT: &str = "trt-batch-1";
+pub(super) const BATCH_CONTRACT: &str = "trt-batch-2";
 
 /// Durations passed to the script are capped here (about 71 years) so that
 /// the script's sums stay exact in Lua's doubles.
@@ -62,10 +68,10 @@ pub(super) trait CallArgs {
 
 /// Keys and arguments of one decision.
 pub(super) struct Args {
-    keys: SmallVec<[KeyBuf; 2]>,
-    mode: &'static str,
-    now: Option<u64>,
-    spans: SmallVec<[[u64; 3]; 2]>,
+    pub(super) keys: SmallVec<[KeyBuf; 2]>,
+    pub(super) mode: &'static str,
+    pub(super) now: Option<u64>,
+    pub(super) spans: SmallVec<[[u64; 3]; 2]>,
 }
 
 impl Args {
@@ -116,7 +122,7 @@ impl Args {
     }
 
     /// `mode now spans...` (the script's `ARGV`).
-    fn push_argv(&self, cmd: &mut Cmd) {
+    pub(super) fn push_argv(&self, cmd: &mut Cmd) {
         cmd.arg(self.mode);
         match self.now {
             Some(now) => cmd.arg(now),
@@ -143,34 +149,6 @@ impl CallArgs for Args {
             cmd.arg(&key[..]);
         }
         self.push_argv(cmd);
-    }
-}
-
-/// The arguments of a batch: every decision's keys, then the contract, the
-/// number of decisions and, per decision, its band count and `ARGV`.
-pub(super) struct BatchArgs<'a>(pub(super) &'a [&'a Args]);
-
-impl CallArgs for BatchArgs<'_> {
-    fn key_count(&self) -> usize {
-        self.0.iter().map(|a| a.keys.len()).sum()
-    }
-
-    fn size(&self) -> usize {
-        32 + self.0.iter().map(|a| a.size() + 4).sum::<usize>()
-    }
-
-    fn push(&self, cmd: &mut Cmd) {
-        cmd.arg(self.key_count());
-        for args in self.0 {
-            for key in &args.keys {
-                cmd.arg(&key[..]);
-            }
-        }
-        cmd.arg(BATCH_CONTRACT).arg(self.0.len());
-        for args in self.0 {
-            cmd.arg(args.keys.len());
-            args.push_argv(cmd);
-        }
     }
 }
 
@@ -245,12 +223,7 @@ fn refuses_evalsha(e: &RedisError) -> bool {
 /// The script's reply: `{allowed, now, (remaining, reset_after, retry_after)
 /// per band}`, times in microseconds.
 pub(super) fn decode(value: Value, bands: usize) -> Result<Decision, StorageError> {
-    let bad = || {
-        StorageError::new(
-            StorageErrorKind::Other,
-            "unexpected reply from the rate-limit script (another script under its SHA-1?)",
-        )
-    };
+    let bad = bad_reply;
     let Value::Array(items) = value else {
         return Err(bad());
     };
@@ -277,6 +250,13 @@ pub(super) fn decode(value: Value, bands: usize) -> Result<Decision, StorageErro
         });
     }
     Ok(Decision::new(reply[0] == 1, micros_to_nanos(reply[1]), states))
+}
+
+pub(super) fn bad_reply() -> StorageError {
+    StorageError::new(
+        StorageErrorKind::Other,
+        "unexpected reply from the rate-limit script (another script under its SHA-1?)",
+    )
 }
 
 fn micros_to_nanos(us: i64) -> u64 {

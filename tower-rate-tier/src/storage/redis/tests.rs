@@ -104,7 +104,8 @@ async fn one_bad_decision_never_fails_its_batch() {
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
     let mut cmd = redis::cmd("EVAL");
     cmd.arg(script::BATCH).arg(3).arg("k1").arg("k2").arg("k3");
-    cmd.arg(script::BATCH_CONTRACT).arg(3);
+    // the server's time, no band triples: three full decisions
+    cmd.arg(script::BATCH_CONTRACT).arg(3).arg("").arg(0);
     // per_second(1) charged 1; a tolerance below the interval; per_minute(2)
     cmd.arg(1)
         .arg("c")
@@ -144,4 +145,91 @@ async fn one_bad_decision_never_fails_its_batch() {
     other.arg(1).arg("c").arg("").arg(1).arg(1).arg(1);
     let err = other.query_async::<redis::Value>(&mut conn).await.unwrap_err();
     assert!(err.to_string().contains("unknown batch contract"), "{err}");
+}
+
+/// Short decisions (a charge of one limited band, decided inline by the
+/// batch script): a key asked for twice sees its first charge, a bad band
+/// triple fails its decision only, and where the batch's one `MGET` fails
+/// (here an ACL without `MGET`) each reads its own key, a key of another
+/// type being a fresh state.
+#[tokio::test]
+async fn short_decisions_fail_alone_and_see_the_batchs_own_writes() {
+    let Some(server) = Server::start() else {
+        return;
+    };
+    let url = format!("redis://127.0.0.1:{}", server.1);
+    let admin = redis::Client::open(url.as_str()).unwrap();
+    let mut admin = admin.get_multiplexed_async_connection().await.unwrap();
+    let acl = [
+        "SETUSER",
+        "limited",
+        "on",
+        ">pw",
+        "resetkeys",
+        "~p:*",
+        "-@all",
+        "+evalsha",
+        "+eval",
+        "+time",
+        "+get",
+        "+set",
+        "+del",
+    ];
+    let _: () = redis::cmd("ACL")
+        .arg(&acl[..])
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let limited = redis::Client::open(format!("redis://limited:pw@127.0.0.1:{}", server.1)).unwrap();
+    let mut conn = limited.get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg(&["p:h", "f", "v"])
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    // far ahead (a clock that went back): clamped to one full burst, denied
+    let _: () = redis::cmd("SET")
+        .arg(&["p:b", "8000000000000000"])
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(script::BATCH).arg(6);
+    cmd.arg(&["p:a", "p:a", "p:h", "p:b", "p:c", "p:b"]);
+    // the server's time; triple s1 per_second(1) with a burst of 3, triple
+    // s2 with a tolerance below its interval
+    cmd.arg(script::BATCH_CONTRACT).arg(6).arg("").arg(2);
+    cmd.arg(&[1_000_000, 3_000_000, 1_000_000, 5, 1, 5]);
+    cmd.arg(&["s1", "s1", "s1", "s2"]);
+    // a full decision: the same band, through the single script's code
+    cmd.arg(1)
+        .arg("c")
+        .arg("")
+        .arg(&[1_000_000, 3_000_000, 1_000_000]);
+    cmd.arg("s1");
+    let reply: redis::Value = cmd.query_async(&mut conn).await.unwrap();
+    let redis::Value::Array(items) = reply else {
+        panic!("{reply:?}")
+    };
+    assert_eq!(items.len(), 7, "six decisions and their time: {items:?}");
+    assert_eq!(items[0], redis::Value::Int(1_000_000), "one second of three used");
+    assert_eq!(items[1], redis::Value::Int(2_000_000), "the first charge seen");
+    assert_eq!(items[2], redis::Value::Int(1_000_000), "a hash is a fresh state");
+    assert_eq!(
+        items[3],
+        redis::Value::BulkString(b"ERR tower-rate-tier: bad band arguments".to_vec())
+    );
+    let full = decode(items[4].clone(), 1).unwrap();
+    assert!(full.allowed);
+    assert_eq!(full.bands[0].remaining, 2);
+    assert_eq!(items[5], redis::Value::Int(-3_000_001), "denied, all three used");
+    let redis::Value::Int(now) = items[6] else {
+        panic!("{items:?}")
+    };
+    assert_eq!(full.now, u64::try_from(now).unwrap() * 1_000, "one TIME per call");
+    // the key asked for twice holds both charges; the clamp is written back
+    for (key, used) in [("p:a", 2_000_000), ("p:b", 3_000_000)] {
+        let tat: i64 = redis::cmd("GET").arg(key).query_async(&mut admin).await.unwrap();
+        assert_eq!(tat, now + used, "{key}");
+    }
 }

@@ -1,0 +1,41 @@
+-- tower-rate-tier: the GCRA arithmetic of a charge on one limited band,
+-- which both scripts run (`redis.lua` for a decision of one band,
+-- `batch.lua` for each short decision), in integer microseconds; the
+-- reference is `gcra::decide` (Rust, nanoseconds).
+--
+-- `v` is the band's stored value: a string as read, or a number as this
+-- call wrote it; anything that is not an integer below 2^53 (corruption, a
+-- foreign writer, a missing key) is a fresh state. `now` is the time,
+-- `tol` the tolerance (interval * burst), `inc` the increment (interval *
+-- cost), all below 2^51 (the client caps them), so every sum stays exact in
+-- Lua's doubles (2^53). A TAT more than one full refill ahead (a clock that
+-- went back, a foreign writer) counts as now + tol, and that clamp is
+-- written back whatever the outcome.
+--
+-- Returns the reply of the charge, the band's time used (`reset_after`)
+-- after it when admitted or -(used + 1) with the state left alone when
+-- denied, and the time used to write (the new TAT is now + it), or nil.
+--
+-- A script makes its functions again at every call, so this is the only
+-- one the scripts share, and it refers to nothing outside itself.
+local function charge_band(v, now, tol, inc)
+  local tat = tonumber(v)
+  local used, clamped = 0, false
+  if tat ~= nil and tat == tat and tat > now and tat < 9007199254740992 and tat == math.floor(tat) then
+    used = tat - now
+    if used > tol then
+      used, clamped = tol, true
+    end
+  end
+  local charged = used + inc
+  if charged <= tol then
+    if inc > 0 or clamped then
+      return charged, charged
+    end
+    return charged, nil
+  end
+  if clamped then
+    return -used - 1, tol
+  end
+  return -used - 1, nil
+end
