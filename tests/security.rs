@@ -34,14 +34,23 @@ struct Captured(Arc<Mutex<Vec<u8>>>);
 impl Captured {
     /// Writes every event of this thread (all levels) here until the guard
     /// is dropped.
-    fn install(&self) -> tracing::subscriber::DefaultGuard {
+    ///
+    /// `tracing` caches a callsite's interest process-wide when it is first
+    /// hit, and while at most one dispatcher is registered it asks only the
+    /// registering thread's default: a parallel test without a subscriber
+    /// could make a callsite "never" for this one too. A second dispatcher
+    /// kept registered meanwhile makes it ask every registered dispatcher.
+    fn install(&self) -> (tracing::subscriber::DefaultGuard, tracing::Dispatch) {
         let sink = self.clone();
         let subscriber = tracing_subscriber::fmt()
             .with_max_level(tracing::Level::TRACE)
             .with_ansi(false)
             .with_writer(move || sink.clone())
             .finish();
-        tracing::subscriber::set_default(subscriber)
+        let anchor = tracing::Dispatch::new(tracing::subscriber::NoSubscriber::new());
+        let guard = tracing::subscriber::set_default(subscriber);
+        tracing::callsite::rebuild_interest_cache();
+        (guard, anchor)
     }
 
     fn text(&self) -> String {

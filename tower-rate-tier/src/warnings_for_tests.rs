@@ -1,5 +1,6 @@
 //! Test support: a `tracing` subscriber that counts the warnings one module
-//! logs.
+//! logs, and a way to install a subscriber for one test thread that other
+//! test threads cannot blind.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -44,4 +45,33 @@ impl tracing::Subscriber for Warnings {
     }
     fn enter(&self, _: &Id) {}
     fn exit(&self, _: &Id) {}
+}
+
+/// A subscriber installed as this thread's default, for as long as the
+/// guard lives.
+///
+/// `tracing` caches each callsite's interest process-wide, computed when the
+/// callsite is first hit; while at most one dispatcher is registered, it asks
+/// only the registering thread's default. A test thread without a subscriber
+/// that hits a callsite first would then cache "never" for every thread, and
+/// the capturing test would miss its events (tests run in parallel). A
+/// second, inert dispatcher kept registered for the guard's lifetime makes
+/// `tracing` ask every registered dispatcher, the capturing one included;
+/// the interest of the callsites registered already is rebuilt the same way.
+pub(crate) struct Scoped {
+    _default: tracing::subscriber::DefaultGuard,
+    _anchor: tracing::Dispatch,
+}
+
+/// Installs `subscriber` for this thread; see [`Scoped`].
+pub(crate) fn scoped(subscriber: impl tracing::Subscriber + Send + Sync + 'static) -> Scoped {
+    // interested in nothing; registered only so that `tracing` asks every
+    // dispatcher about a callsite
+    let anchor = tracing::Dispatch::new(tracing::subscriber::NoSubscriber::new());
+    let default = tracing::subscriber::set_default(subscriber);
+    tracing::callsite::rebuild_interest_cache();
+    Scoped {
+        _default: default,
+        _anchor: anchor,
+    }
 }

@@ -209,12 +209,14 @@ async fn run(
 
 /// Hammers `users` (a spent quota) at `rate` checks per second in all,
 /// paced, until `stop`: the abusive clients next to admitted ones. Returns
-/// how many checks it made.
+/// how many checks it made. Without `checks`, the pacers wake as often and
+/// check nothing: the control that shows what the pacing itself costs.
 fn hammer(
     subjects: &Subjects,
     rate: u32,
     users: Arc<Vec<String>>,
     stop: Arc<AtomicBool>,
+    checks: bool,
 ) -> tokio::task::JoinHandle<u64> {
     let subjects = subjects.clone();
     tokio::spawn(async move {
@@ -237,7 +239,11 @@ fn hammer(
                         tier: "free",
                         user: &users[i],
                     };
-                    let _ = subjects.ours.check(key, &quota, 1).await;
+                    if checks {
+                        let _ = subjects.ours.check(key, &quota, 1).await;
+                    } else {
+                        std::hint::black_box(key);
+                    }
                     n += 1;
                 }
                 n
@@ -249,6 +255,33 @@ fn hammer(
         }
         total
     })
+}
+
+/// 16 admitted tasks for `secs` next to the hammering of `spent` at 5,000
+/// checks/s (or its pacers alone, without `checks`); and how many checks
+/// the hammering made.
+async fn beside_hammering(
+    server: &RedisServer,
+    subjects: &Subjects,
+    secs: f64,
+    users: &Arc<Vec<String>>,
+    spent: &Arc<Vec<String>>,
+    checks: bool,
+) -> (Run, u64) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let pacer = hammer(subjects, 5_000, spent.clone(), stop.clone(), checks);
+    let b = run(
+        server,
+        subjects,
+        Which::Ours,
+        16,
+        secs,
+        users.clone(),
+        Load::AdmitAll,
+    )
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    (b, pacer.await.unwrap_or(0))
 }
 
 /// utime + stime of this process, in clock ticks (1/100 s).
@@ -294,6 +327,22 @@ async fn main() {
     let rounds = env_or("ROUNDS", 9usize);
     let users: Arc<Vec<String>> = Arc::new((0..USERS).map(|i| format!("bench-user-{i}")).collect());
     let admit_all = Load::AdmitAll;
+    let spent: Arc<Vec<String>> = Arc::new((0..100).map(|i| format!("spent-user-{i}")).collect());
+    if std::env::var("ONLY").as_deref() == Ok("hammer") {
+        // the last table alone
+        run(
+            &server,
+            &subjects,
+            Which::Ours,
+            16,
+            0.3,
+            spent.clone(),
+            Load::Spent,
+        )
+        .await;
+        hammering_table(&server, &subjects, secs, rounds, &users, &spent).await;
+        return;
+    }
     if let Ok(only) = std::env::var("ONLY") {
         // one configuration, for profiling: ONLY=ours|single|published TASKS=16
         let which = match only.as_str() {
@@ -372,7 +421,6 @@ async fn main() {
     // A spent quota: 16 tasks hammer 100 users with a quota of one check a
     // day (the deny cache answers; 0.3.0 asks Redis every time). Each user's
     // first check passes (one warm-up run spends them all).
-    let spent: Arc<Vec<String>> = Arc::new((0..100).map(|i| format!("spent-user-{i}")).collect());
     for which in [Which::Ours, Which::Published] {
         run(&server, &subjects, which, 16, 0.3, spent.clone(), Load::Spent).await;
     }
@@ -406,53 +454,68 @@ async fn main() {
     }
     println!();
 
-    // Abusive clients next to admitted ones: 16 admitted tasks alone, then
-    // the same with hammering callers held at 5,000 checks/s on the spent
-    // quota, alternating; the admitted throughput should barely move.
+    hammering_table(&server, &subjects, secs, rounds, &users, &spent).await;
+    drop(server);
+}
+
+/// Abusive clients next to admitted ones: 16 admitted tasks alone, and the
+/// same with hammering callers held at 5,000 checks/s on the spent quota
+/// `spent`, in alternating order; the admitted throughput should barely
+/// move.
+async fn hammering_table(
+    server: &RedisServer,
+    subjects: &Subjects,
+    secs: f64,
+    rounds: usize,
+    users: &Arc<Vec<String>>,
+    spent: &Arc<Vec<String>>,
+) {
     println!(
-        "Admitted callers (16 tasks) alone and next to a spent quota hammered at 5,000 checks/s (median of {rounds}):"
+        "Admitted callers (16 tasks) alone, next to a spent quota hammered at 5,000 checks/s, and next to \
+         the same pacers checking nothing (the control; median of {rounds}, rotating order):"
     );
     println!();
-    println!("| admitted alone (checks/s) | admitted next to the hammering | ratio | hammering checks/s |");
-    println!("|---:|---:|---:|---:|");
-    let (mut alone, mut beside, mut ratios, mut hammered) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..rounds {
-        let a = run(
-            &server,
-            &subjects,
-            Which::Ours,
-            16,
-            secs,
-            users.clone(),
-            Load::AdmitAll,
-        )
-        .await;
-        let stop = Arc::new(AtomicBool::new(false));
-        let pacer = hammer(&subjects, 5_000, spent.clone(), stop.clone());
-        let b = run(
-            &server,
-            &subjects,
-            Which::Ours,
-            16,
-            secs,
-            users.clone(),
-            Load::AdmitAll,
-        )
-        .await;
-        stop.store(true, Ordering::Relaxed);
-        let hammer_checks = pacer.await.unwrap_or(0);
-        alone.push(a.per_sec);
-        beside.push(b.per_sec);
-        ratios.push(b.per_sec / a.per_sec);
-        hammered.push(hammer_checks as f64 / secs);
-    }
     println!(
-        "| {:.0} | {:.0} | {:.2} | {:.0} |",
-        median(&mut alone),
-        median(&mut beside),
+        "| admitted alone (checks/s) | next to the hammering | ratio | next to the pacing alone | ratio | \
+         hammering checks/s |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|");
+    let mut seen: [Vec<f64>; 3] = Default::default();
+    let (mut ratios, mut controls, mut hammered) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..rounds {
+        // rotate which goes first, so that drift within a round favours none
+        let mut this = [0.0; 3];
+        for k in 0..3 {
+            let which = (round + k) % 3;
+            this[which] = if which == 0 {
+                let alone = Load::AdmitAll;
+                run(server, subjects, Which::Ours, 16, secs, users.clone(), alone)
+                    .await
+                    .per_sec
+            } else {
+                let checks = which == 1;
+                let (b, made) = beside_hammering(server, subjects, secs, users, spent, checks).await;
+                if checks {
+                    hammered.push(made as f64 / secs);
+                }
+                b.per_sec
+            };
+        }
+        for (all, value) in seen.iter_mut().zip(this) {
+            all.push(value);
+        }
+        ratios.push(this[1] / this[0]);
+        controls.push(this[2] / this[0]);
+    }
+    let [alone, beside, paced] = &mut seen;
+    println!(
+        "| {:.0} | {:.0} | {:.2} | {:.0} | {:.2} | {:.0} |",
+        median(alone),
+        median(beside),
         median(&mut ratios),
+        median(paced),
+        median(&mut controls),
         median(&mut hammered)
     );
     println!();
-    drop(server);
 }

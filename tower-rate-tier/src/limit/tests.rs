@@ -28,7 +28,7 @@ fn send(layers: &[&TierLimitLayer], peer: Option<&str>, each: usize) -> (Vec<Sta
         .build()
         .expect("a runtime");
     let (subscriber, warnings) = Warnings::of("tower_rate_tier::limit::admit");
-    let _subscriber = tracing::subscriber::set_default(subscriber);
+    let _subscriber = crate::warnings_for_tests::scoped(subscriber);
     let mut statuses = Vec::new();
     for layer in layers {
         let service = layer.layer(tower::service_fn(|_: Request<()>| async {

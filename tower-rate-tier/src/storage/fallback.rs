@@ -33,7 +33,7 @@
 //! * **Reported** through `tracing` (a warning when decisions start being
 //!   answered locally, an info event when they are all back), through the
 //!   [`on_switch`](FallbackBuilder::on_switch) callback, and in every local
-//!   decision's source, [`DecisionSource::Fallback`].
+//!   decision's source, [`DecisionSource::Fallback`](super::DecisionSource::Fallback).
 //! * **Failure domains.** On a Redis Cluster one dead node must not send
 //!   every key to the fallback. [`domains`](FallbackBuilder::domains) tells
 //!   the fallback which keys fail together (`RedisStorage::failure_domain`:
@@ -92,15 +92,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use arrayvec::ArrayVec;
 use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
-use smallvec::SmallVec;
 
-use super::{
-    Decide, Decision, DecisionSource, MAX_BANDS, MemoryStorage, Op, Storage, StorageError, StorageErrorKind,
-    StorageKey,
-};
+use super::{Decide, Decision, MemoryStorage, Op, Storage, StorageError, StorageErrorKind, StorageKey};
 use crate::clock::{Clock, Nanos};
 use crate::quota::Quota;
 
@@ -112,8 +107,12 @@ pub const DEFAULT_FAILURES_TO_SWITCH: u32 = 3;
 pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_secs(1);
 
 mod builder;
+mod local;
 
 pub use builder::FallbackBuilder;
+use local::Call;
+#[cfg(test)]
+use local::scale;
 
 type DomainFn = Arc<dyn Fn(StorageKey<'_>) -> u64 + Send + Sync>;
 type SwitchFn = Arc<dyn Fn(bool) + Send + Sync>;
@@ -329,9 +328,9 @@ impl Shared {
                         StorageErrorKind::Timeout | StorageErrorKind::Unavailable
                     ) =>
             {
-                let epoch = self.failed(domain, call.clock.now());
+                let epoch = self.failed(domain, call.now());
                 tracing::debug!(error = %e, "rate-limit storage failed; decided by the local fallback");
-                self.answer_locally(call.key(), &call.bands, call.op, &call.clock, epoch)
+                self.answer_call(&call, epoch)
             }
             Err(e) => Err(e),
         }
@@ -404,92 +403,6 @@ impl Shared {
     fn report(&self, local: bool) {
         if let Some(callback) = &self.on_switch {
             callback(local);
-        }
-    }
-
-    /// The local limiter's decision, with every band scaled to the share,
-    /// in the state of spell `epoch`.
-    fn answer_locally(
-        &self,
-        key: StorageKey<'_>,
-        bands: &[Quota],
-        op: Op,
-        clock: &Arc<dyn Clock>,
-        epoch: u64,
-    ) -> Result<Decision, StorageError> {
-        let mut scaled = ArrayVec::<Quota, MAX_BANDS>::new();
-        for quota in bands {
-            scaled.try_push(scale(quota, self.share)).map_err(|_| {
-                StorageError::new(StorageErrorKind::Other, "a decision needs 1 to MAX_BANDS bands")
-            })?;
-        }
-        // The spell's state under keys of its own (the epoch before the
-        // user id), in the storage's scope of the tier: a new spell starts
-        // afresh, and the sweep removes an old spell's keys.
-        let mut user = String::with_capacity(21 + key.user.len());
-        user.push_str(itoa::Buffer::new().format(epoch));
-        user.push(':');
-        user.push_str(key.user);
-        let local_key = StorageKey { user: &user, ..key };
-        match self.local.decide(local_key, &scaled, op, clock).into_ready() {
-            Ok(decided) => decided.map(|d| d.with_source(DecisionSource::Fallback)),
-            Err(_) => Err(StorageError::new(
-                StorageErrorKind::Other,
-                "the local fallback limiter did not decide at once",
-            )),
-        }
-    }
-}
-
-/// `quota` scaled to `share`: see [Scaling](self#scaling).
-fn scale(quota: &Quota, share: f64) -> Quota {
-    if quota.is_unlimited() || share >= 1.0 {
-        return *quota;
-    }
-    // `as` saturates: a burst or an interval too large to scale stays
-    // within its type.
-    let burst = ((f64::from(quota.burst()) * share).ceil() as u32).max(1);
-    let interval = ((quota.emission_interval_nanos() as f64 / share).ceil() as u64).max(1);
-    Quota::per_period(1, Duration::from_nanos(interval)).with_burst(burst)
-}
-
-/// What answering a failed decision locally needs, owned (the primary's
-/// answer may come later).
-struct Call {
-    /// namespace, tier and user, one after the other.
-    text: SmallVec<[u8; 96]>,
-    namespace: usize,
-    tier: usize,
-    bands: ArrayVec<Quota, MAX_BANDS>,
-    op: Op,
-    clock: Arc<dyn Clock>,
-}
-
-impl Call {
-    fn new(key: StorageKey<'_>, bands: &[Quota], op: Op, clock: &Arc<dyn Clock>) -> Self {
-        let mut text = SmallVec::new();
-        for part in [key.namespace, key.tier, key.user] {
-            text.extend_from_slice(part.as_bytes());
-        }
-        Call {
-            text,
-            namespace: key.namespace.len(),
-            tier: key.tier.len(),
-            bands: bands.iter().take(MAX_BANDS).copied().collect(),
-            op,
-            clock: clock.clone(),
-        }
-    }
-
-    fn key(&self) -> StorageKey<'_> {
-        let (namespace, rest) = self.text.split_at(self.namespace);
-        let (tier, user) = rest.split_at(self.tier);
-        // Each part was a `&str`, cut at its own boundaries.
-        let text = |bytes| std::str::from_utf8(bytes).unwrap_or_default();
-        StorageKey {
-            namespace: text(namespace),
-            tier: text(tier),
-            user: text(user),
         }
     }
 }

@@ -5,6 +5,7 @@ use std::sync::atomic::AtomicBool;
 
 use super::*;
 use crate::clock::FakeClock;
+use crate::storage::DecisionSource;
 
 /// A primary (in memory) that fails with `kind` for users starting with
 /// one of `failing` prefixes; counts the calls it gets.
@@ -402,17 +403,17 @@ fn each_switch_is_logged_once() {
         .build();
     let bands = [Quota::per_minute(40)];
     let seen = Arc::new(Mutex::new(Vec::new()));
-    tracing::subscriber::with_default(Events(seen.clone()), || {
-        primary.fail(&[""]);
-        for _ in 0..10 {
-            decide(&storage, "dee", &bands, 1, &clock).unwrap();
-        }
-        primary.fail(&[]);
-        clock.advance(Duration::from_secs(1));
-        for _ in 0..10 {
-            decide(&storage, "dee", &bands, 1, &clock).unwrap();
-        }
-    });
+    let scope = crate::warnings_for_tests::scoped(Events(seen.clone()));
+    primary.fail(&[""]);
+    for _ in 0..10 {
+        decide(&storage, "dee", &bands, 1, &clock).unwrap();
+    }
+    primary.fail(&[]);
+    clock.advance(Duration::from_secs(1));
+    for _ in 0..10 {
+        decide(&storage, "dee", &bands, 1, &clock).unwrap();
+    }
+    drop(scope);
     assert_eq!(
         *seen.lock().unwrap(),
         [tracing::Level::WARN, tracing::Level::INFO]

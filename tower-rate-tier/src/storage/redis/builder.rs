@@ -360,9 +360,9 @@ mod tests {
             .unwrap();
         let _inside = runtime.enter();
         let (subscriber, seen) = Warnings::of(module_path!().trim_end_matches("::tests"));
-        tracing::subscriber::with_default(subscriber, || {
-            builder.connect_lazy().expect("a lazy storage");
-        });
+        let scope = crate::warnings_for_tests::scoped(subscriber);
+        builder.connect_lazy().expect("a lazy storage");
+        drop(scope);
         seen.load(Ordering::SeqCst)
     }
 
