@@ -458,10 +458,10 @@ async fn main() {
     drop(server);
 }
 
-/// Abusive clients next to admitted ones: 16 admitted tasks alone, and the
-/// same with hammering callers held at 5,000 checks/s on the spent quota
-/// `spent`, in alternating order; the admitted throughput should barely
-/// move.
+/// Abusive clients next to admitted ones: 16 admitted tasks alone, next to
+/// hammering callers held at 5,000 checks/s on the spent quota `spent`, and
+/// next to the same pacers checking nothing (the control), in an order that
+/// rotates each round; the admitted throughput should barely move.
 async fn hammering_table(
     server: &RedisServer,
     subjects: &Subjects,
@@ -480,20 +480,24 @@ async fn hammering_table(
          hammering checks/s |"
     );
     println!("|---:|---:|---:|---:|---:|---:|");
+    // the three cases, as indices into each round's results
+    const ALONE: usize = 0;
+    const HAMMERED: usize = 1;
+    const PACED: usize = 2;
     let mut seen: [Vec<f64>; 3] = Default::default();
     let (mut ratios, mut controls, mut hammered) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..rounds {
         // rotate which goes first, so that drift within a round favours none
         let mut this = [0.0; 3];
         for k in 0..3 {
-            let which = (round + k) % 3;
-            this[which] = if which == 0 {
+            let case = (round + k) % 3;
+            this[case] = if case == ALONE {
                 let alone = Load::AdmitAll;
                 run(server, subjects, Which::Ours, 16, secs, users.clone(), alone)
                     .await
                     .per_sec
             } else {
-                let checks = which == 1;
+                let checks = case == HAMMERED;
                 let (b, made) = beside_hammering(server, subjects, secs, users, spent, checks).await;
                 if checks {
                     hammered.push(made as f64 / secs);
@@ -504,8 +508,8 @@ async fn hammering_table(
         for (all, value) in seen.iter_mut().zip(this) {
             all.push(value);
         }
-        ratios.push(this[1] / this[0]);
-        controls.push(this[2] / this[0]);
+        ratios.push(this[HAMMERED] / this[ALONE]);
+        controls.push(this[PACED] / this[ALONE]);
     }
     let [alone, beside, paced] = &mut seen;
     println!(

@@ -21,8 +21,9 @@
 //!   domain is in flight at a time (a probe that has not come back after 10
 //!   intervals, because its task never ran, no longer holds up the next:
 //!   the decision then due goes to the primary itself). No request waits
-//!   for a primary that is still down. Once a probe is answered, the next decision goes to the
-//!   primary as a trial: if the primary decides it, every later decision
+//!   for a primary that is still down. Once a probe is answered, the next
+//!   decision goes to the primary as a trial: if the primary decides it,
+//!   every later decision
 //!   goes to the primary again and the local state is discarded, never
 //!   merged into the primary's; if it fails in any way (a server that
 //!   answers reads but refuses writes, say), that decision is answered
