@@ -13,6 +13,7 @@ use crate::event::RateLimitEvent;
 use crate::identity::{ANONYMOUS_PREFIX, TierIdentity};
 use crate::policy::{OnMissing, OnUnknownTier};
 use crate::problem::problem;
+use crate::refusal::Refusals;
 use crate::storage::{Decide, DecisionSource};
 use crate::tier::{CheckError, CheckResult, MAX_USER_ID_LEN, TierEntry, conclude};
 
@@ -29,12 +30,12 @@ pub(crate) enum Admission {
 }
 
 /// `tier` with an identity's own bands, or `tier` itself when they are not
-/// bands a tier could have.
-fn own_quotas(tier: Arc<TierEntry>, own: &[crate::quota::Quota]) -> Arc<TierEntry> {
+/// bands a tier could have (a throttled warning says so).
+fn own_quotas(tier: Arc<TierEntry>, own: &[crate::quota::Quota], refusals: &Refusals) -> Arc<TierEntry> {
     match TierEntry::own(&tier, own) {
         Ok(entry) => Arc::new(entry),
         Err(error) => {
-            tracing::warn!(target: "tower_rate_tier", tier = &*tier.name, %error, "an identity's own quotas were ignored");
+            refusals.own_quotas_ignored(&tier.name, &error);
             tier
         }
     }
@@ -173,7 +174,7 @@ impl Shared {
                     None => self.unknown_tier(head, &identity)?,
                 };
                 let tier = match identity.quotas() {
-                    Some(own) => own_quotas(tier, own),
+                    Some(own) => own_quotas(tier, own, &self.ledger.refusals),
                     None => tier,
                 };
                 (identity.user_id, tier)
