@@ -212,6 +212,7 @@ async fn at_the_key_cap_alternating_contracts_share_one_overflow_bucket() {
         };
         admitted += u32::from(send(&app, from(&user)).await.status == StatusCode::OK);
     }
+    println!("alternating contracts at the key cap: {admitted} of 200 new identities admitted");
     // one bucket of the larger contract at most, never a fresh one per change
     assert!(admitted <= 11, "{admitted} of 200 new identities admitted");
     assert!(admitted >= 10, "{admitted}");

@@ -32,6 +32,7 @@ fn a_primary_failing_every_other_call_gives_a_spent_user_one_share_at_most() {
         admitted += u32::from(d.allowed);
         clock.advance(Duration::from_millis(10));
     }
+    println!("a primary failing every other call: a spent user admitted {admitted} of 1,000");
     // every failure is answered locally, in one outage's state: a share of
     // 25, never a fresh one per failure
     assert!(!storage.is_local());
