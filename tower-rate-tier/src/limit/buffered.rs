@@ -17,6 +17,15 @@
 //! | stalls longer than the timeout | 408 |
 //! | fails mid-stream | 400 |
 //!
+//! A gRPC request (feature `grpc`) is first identified by its headers
+//! ([`TierIdentifier::identify_parts`](crate::TierIdentifier::identify_parts)):
+//! when they identify it, it is not buffered and streams untouched; when
+//! they do not, it is buffered and identified from its body like any other
+//! request (the identifier is then asked twice), and the refusals above
+//! answer in gRPC form. An identifier given as a closure over the headers
+//! reads no body, and its gRPC requests are never buffered. Every refusal
+//! carries `Cache-Control: no-store`.
+//!
 //! ```
 //! # #[cfg(feature = "axum")]
 //! # #[tokio::main(flavor = "current_thread")]
