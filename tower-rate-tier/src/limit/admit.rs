@@ -10,7 +10,7 @@ use http::{Extensions, HeaderMap, Method, Request, StatusCode};
 use super::layer::{Identify, Shared};
 use crate::cost::{Charge, ChargeState, Charges, Outcome, RouteKey, Source, TierCost};
 use crate::event::RateLimitEvent;
-use crate::identity::{ANONYMOUS_PREFIX, TierIdentity};
+use crate::identity::{ANONYMOUS_PREFIX, OwnQuotas, TierIdentity};
 use crate::policy::{OnMissing, OnUnknownTier};
 use crate::problem::problem;
 use crate::refusal::Refusals;
@@ -29,11 +29,12 @@ pub(crate) enum Admission {
     Refuse(http::Response<bytes::Bytes>),
 }
 
-/// `tier` with an identity's own bands, or `tier` itself when they are not
-/// bands a tier could have (a throttled warning says so).
-fn own_quotas(tier: Arc<TierEntry>, own: &[crate::quota::Quota], refusals: &Refusals) -> Arc<TierEntry> {
-    match TierEntry::own(&tier, own) {
-        Ok(entry) => Arc::new(entry),
+/// `tier` with an identity's own bands (built once per `with_quotas` value),
+/// or `tier` itself when they are not bands a tier could have (a throttled
+/// warning says so).
+fn own_quotas(tier: Arc<TierEntry>, own: &OwnQuotas, refusals: &Refusals) -> Arc<TierEntry> {
+    match own.entry(&tier) {
+        Ok(entry) => entry,
         Err(error) => {
             refusals.own_quotas_ignored(&tier.name, &error);
             tier
@@ -173,7 +174,7 @@ impl Shared {
                     Some(tier) => tier,
                     None => self.unknown_tier(head, &identity)?,
                 };
-                let tier = match identity.quotas() {
+                let tier = match identity.own_quotas() {
                     Some(own) => own_quotas(tier, own, &self.ledger.refusals),
                     None => tier,
                 };
