@@ -34,7 +34,7 @@ use tonic_health::pb::health_client::HealthClient;
 use tonic_prost::ProstCodec;
 use tonic_types::StatusExt;
 use tower_rate_tier::{Quota, RateTier, TierIdentity, TierLimitLayer, grpc};
-use tower_rate_tier_examples::{bind_loopback, serve_mode};
+use tower_rate_tier_examples::{bind_loopback, fields, serve_mode};
 
 const SAY_HELLO: &str = "/demo.Greeter/SayHello";
 const REPORT: &str = "/demo.Greeter/Report";
@@ -251,6 +251,11 @@ async fn main() {
         ratelimit == Some(r#""free";r=0;t=20"#),
         "the ratelimit metadata's t is the retry delay",
     );
+    // the metadata's rate-limit fields as a Structured Fields parser reads them
+    let metadata = refused.metadata().clone().into_headers();
+    if let Err(wrong) = fields::check(429, &metadata, b"") {
+        check(false, &format!("the metadata's rate-limit fields: {wrong}"));
+    }
     println!("\nall checks passed");
     server.abort();
 }
