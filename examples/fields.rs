@@ -46,12 +46,10 @@ pub fn check(status: u16, headers: &HeaderMap, body: &[u8]) -> Result<(), String
     let mut latest_t = 0;
     if let Some(state) = &state {
         for (name, params) in state {
-            if let Some(policy) = &policy {
-                if !policy.iter().any(|(p, _)| p == name) {
-                    return Err(format!(
-                        "RateLimit names {name:?}, which RateLimit-Policy does not"
-                    ));
-                }
+            if unknown(&policy, name) {
+                return Err(format!(
+                    "RateLimit names {name:?}, which RateLimit-Policy does not"
+                ));
             }
             integer(params, "r", name, true, 0)?;
             latest_t = latest_t.max(integer(params, "t", name, false, 0)?.unwrap_or(0));
@@ -91,15 +89,20 @@ pub fn check(status: u16, headers: &HeaderMap, body: &[u8]) -> Result<(), String
     }
     for name in violated {
         let name = name.as_str().ok_or("violated-policies holds a non-string")?;
-        if let Some(policy) = &policy {
-            if !policy.iter().any(|(p, _)| p == name) {
-                return Err(format!(
-                    "violated-policies names {name:?}, which RateLimit-Policy does not"
-                ));
-            }
+        if unknown(&policy, name) {
+            return Err(format!(
+                "violated-policies names {name:?}, which RateLimit-Policy does not"
+            ));
         }
     }
     Ok(())
+}
+
+/// Whether `name` is not an item of a `RateLimit-Policy` that is present.
+fn unknown(policy: &Option<Items>, name: &str) -> bool {
+    policy
+        .as_ref()
+        .is_some_and(|items| !items.iter().any(|(p, _)| p == name))
 }
 
 /// A field (all its lines, joined as RFC 9110 allows) parsed as a List of
