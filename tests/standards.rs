@@ -221,3 +221,37 @@ async fn outcomes_expose_the_same_numbers() {
     assert_eq!(limited.violated_policies().collect::<Vec<_>>(), ["multi.0"]);
     assert_eq!(limited.retry_after_secs(), 1);
 }
+
+/// A fallback decides with its share of each band: `t` counts from the
+/// share's interval, the quota that decided.
+#[tokio::test]
+async fn t_comes_from_the_quota_that_decided() {
+    use std::sync::Arc;
+    use tower_rate_tier::clock::Clock;
+    use tower_rate_tier::storage::{
+        Decide, Fallback, Op, Storage, StorageError, StorageErrorKind, StorageKey,
+    };
+
+    #[derive(Debug)]
+    struct Down;
+    impl Storage for Down {
+        fn decide(&self, _: StorageKey<'_>, _: &[Quota], _: Op, _: &Arc<dyn Clock>) -> Decide {
+            Decide::ready(Err(StorageError::new(StorageErrorKind::Unavailable, "down")))
+        }
+    }
+    let clock = FakeClock::new();
+    let tiers = RateTier::builder()
+        .tier("free", Quota::per_minute(10))
+        .storage(Fallback::builder(Down).instances(2).build())
+        .clock(clock.clone())
+        .build();
+    // half the quota locally: 5 a minute, one every 12 s (not 6)
+    let info = tiers.check("ada", "free", 1).await.unwrap().unwrap();
+    assert_eq!(info.ratelimit_t_secs().collect::<Vec<_>>(), [Some(12)]);
+    for _ in 0..4 {
+        tiers.check("ada", "free", 1).await.unwrap().unwrap();
+    }
+    let limited = tiers.check("ada", "free", 1).await.unwrap().unwrap_err();
+    assert_eq!(limited.ratelimit_t_secs().collect::<Vec<_>>(), [Some(12)]);
+    assert_eq!(limited.retry_after_secs(), 12);
+}
