@@ -28,6 +28,8 @@ use hyper_util::rt::TokioExecutor;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
+pub mod fields;
+
 /// Whether the example was started with `--serve` (keep serving for curl
 /// instead of exiting after the self-test run).
 pub fn serve_mode() -> bool {
@@ -164,7 +166,9 @@ impl SelfTest {
     }
 
     /// Prints one request and what came back (status, `X-RateLimit-Limit`,
-    /// `X-RateLimit-Remaining`, `Retry-After`), and checks it against `want`.
+    /// `X-RateLimit-Remaining`, `Retry-After`), checks it against `want`,
+    /// and checks its rate-limit fields as a client parses them
+    /// ([`fields::check`]).
     pub fn row(&mut self, request: &str, client: &str, reply: &Reply, want: Want) {
         let status = reply.status.as_u16();
         let remaining = reply.header("x-ratelimit-remaining");
@@ -178,6 +182,10 @@ impl SelfTest {
             remaining,
             retry_after,
         );
+        match fields::check(status, &reply.headers, &reply.body) {
+            Ok(()) => self.checks += 1,
+            Err(wrong) => self.fail(format!("{request} as {client}: the rate-limit fields: {wrong}")),
+        }
         if (status, remaining, retry_after) == (want.status, want.remaining, want.retry_after) {
             self.checks += 1;
         } else {

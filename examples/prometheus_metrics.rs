@@ -116,7 +116,10 @@ async fn main() -> std::process::ExitCode {
     let scrape = client.get("/metrics", &[]).await;
     let text = String::from_utf8_lossy(&scrape.body);
     println!("\nGET /metrics (the rate limiter's lines):");
-    for line in text.lines().filter(|l| l.starts_with("tower_rate_tier")) {
+    for line in text
+        .lines()
+        .filter(|l| l.starts_with("tower_rate_tier") || l.starts_with("# HELP tower_rate_tier"))
+    {
         println!("  {line}");
     }
 
@@ -139,6 +142,16 @@ async fn main() -> std::process::ExitCode {
         text.contains(r#"tower_rate_tier_storage_duration_seconds_bucket{storage="memory",le="0.1"} 6"#),
         true,
     );
+    for name in [
+        "tower_rate_tier_requests_total",
+        "tower_rate_tier_storage_duration_seconds",
+    ] {
+        test.equal(
+            &format!("the scrape describes `{name}` (# HELP)"),
+            text.lines().any(|l| l.starts_with(&format!("# HELP {name} "))),
+            true,
+        );
+    }
     test.equal(
         "no API key appears in the scrape",
         !text.contains("free-1") && !text.contains("pro-1"),

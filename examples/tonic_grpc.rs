@@ -2,7 +2,8 @@
 //! with RESOURCE_EXHAUSTED and reads its retry delay (feature `grpc`).
 //!
 //! ```sh
-//! cargo run --example tonic_grpc   # serves on 127.0.0.1, calls, checks, exits
+//! cargo run --example tonic_grpc              # serves on 127.0.0.1, calls, checks, exits
+//! cargo run --example tonic_grpc -- --serve   # keeps serving, for grpcurl or any gRPC client
 //! ```
 //!
 //! The server is `tonic::transport::Server::builder().layer(limiter)`
@@ -33,7 +34,7 @@ use tonic_health::pb::health_client::HealthClient;
 use tonic_prost::ProstCodec;
 use tonic_types::StatusExt;
 use tower_rate_tier::{Quota, RateTier, TierIdentity, TierLimitLayer, grpc};
-use tower_rate_tier_examples::bind_loopback;
+use tower_rate_tier_examples::{bind_loopback, fields, serve_mode};
 
 const SAY_HELLO: &str = "/demo.Greeter/SayHello";
 const REPORT: &str = "/demo.Greeter/Report";
@@ -113,6 +114,30 @@ async fn greet(channel: &Channel, method: &'static str, key: &str) -> Result<Str
     Ok(response.into_inner())
 }
 
+/// What `--serve` prints: the service's `.proto` (the server has no
+/// reflection) and grpcurl calls.
+fn print_how_to_call(addr: std::net::SocketAddr) {
+    println!("the service, for a client without generated code (save as demo.proto):");
+    println!("  syntax = \"proto3\";");
+    println!("  package demo;");
+    println!("  import \"google/protobuf/wrappers.proto\";");
+    println!("  service Greeter {{");
+    println!("    rpc SayHello(google.protobuf.StringValue) returns (google.protobuf.StringValue);");
+    println!("    rpc Report(google.protobuf.StringValue) returns (google.protobuf.StringValue);");
+    println!("  }}");
+    println!(
+        "\ntry (the 4th free call in a minute is RESOURCE_EXHAUSTED; -v shows the details and metadata):"
+    );
+    println!(
+        "  grpcurl -plaintext -proto demo.proto -H 'x-api-key: free-1' -d '\"ada\"' {addr} demo.Greeter/SayHello"
+    );
+    println!(
+        "  grpcurl -plaintext -proto demo.proto -H 'x-api-key: pro-1' -d '\"ada\"' {addr} demo.Greeter/Report   # pro; costs 3"
+    );
+    println!("  grpc_health_probe -addr={addr} -rpc-header 'x-api-key: free-1'   # the health service; free");
+    println!("\nCtrl-C stops the server.");
+}
+
 /// Exits with a message when a check fails.
 fn check(ok: bool, what: &str) {
     if !ok {
@@ -146,6 +171,15 @@ async fn main() {
     println!(
         "gRPC on http://{addr} (free: 3 units/minute, pro: 100; Report costs 3, health checks are free)\n"
     );
+    if serve_mode() {
+        print_how_to_call(addr);
+        match server.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => eprintln!("the server failed: {e}"),
+            Err(e) => eprintln!("the server task failed: {e}"),
+        }
+        return;
+    }
 
     let channel = Endpoint::from_shared(format!("http://{addr}"))
         .expect("a valid URI")
@@ -211,6 +245,17 @@ async fn main() {
         "QuotaFailure names the free tier",
     );
     check(retry_after == Some("20"), "the retry-after metadata says 20");
+    let ratelimit = refused.metadata().get("ratelimit").and_then(|v| v.to_str().ok());
+    println!("  ratelimit    {ratelimit:?} (metadata)");
+    check(
+        ratelimit == Some(r#""free";r=0;t=20"#),
+        "the ratelimit metadata's t is the retry delay",
+    );
+    // the metadata's rate-limit fields as a Structured Fields parser reads them
+    let metadata = refused.metadata().clone().into_headers();
+    if let Err(wrong) = fields::check(429, &metadata, b"") {
+        check(false, &format!("the metadata's rate-limit fields: {wrong}"));
+    }
     println!("\nall checks passed");
     server.abort();
 }

@@ -148,6 +148,13 @@ impl Bucket {
     fn reset_after_ns(&self) -> u64 {
         u64::try_from(self.capacity - self.level).unwrap()
     }
+    /// Until the bucket holds one more whole token (0 when full).
+    fn next_token_ns(&self) -> u64 {
+        if self.level == self.capacity {
+            return 0;
+        }
+        u64::try_from(self.interval - self.level % self.interval).unwrap()
+    }
     fn retry_after_ns(&self, cost: u32) -> u64 {
         u64::try_from((u128::from(cost) * self.interval).saturating_sub(self.level)).unwrap()
     }
@@ -294,6 +301,13 @@ fn run_case(specs: &[Spec], ops: &[Op]) -> Result<(), TestCaseError> {
                 state.reset_after_ns,
                 b.reset_after_ns(),
                 "step {} band {} reset",
+                step,
+                k
+            );
+            prop_assert_eq!(
+                state.more_after_ns,
+                b.next_token_ns(),
+                "step {} band {} more quota after",
                 step,
                 k
             );

@@ -7,11 +7,16 @@
 //! * `X-RateLimit-Limit`/`-Remaining`/`-Reset` describe the band the layer
 //!   reports (closest to denying when admitted, the longest wait when
 //!   denied), `Retry-After` is `ceil(retry_after)` and never 0;
-//! * `RateLimit-Policy` and `RateLimit` parse as RFC 8941 lists of strings
-//!   with integer parameters, one item per band (`"name.i"` for several),
-//!   with the right `q`, `w`, `r`, `t`, and the tier name escaped (printable
-//!   ASCII kept, `"` and `\` escaped, anything else `?`);
-//! * the 429 body is JSON whose `tier` is the name and whose `retry_after`
+//! * `RateLimit-Policy` and `RateLimit` parse (with `sfv`, an RFC 9651
+//!   parser) as lists of strings with integer parameters, one item per band
+//!   (`"name.i"` for several), with the right `q`, `w`, `r`, `t`, and the
+//!   tier name escaped (printable ASCII kept, `"` and `\` escaped, anything
+//!   else `?`); `t` is the seconds until more quota than now (none on a full
+//!   band), and on a 429 the seconds until the request fits on the bands
+//!   that denied it (none on the others), never more than `Retry-After`;
+//! * the 429 body is the draft's `quota-exceeded` problem whose
+//!   `violated-policies` are the names of the denying bands' items as the
+//!   parser decodes them, whose `tier` is the name and whose `retry_after`
 //!   is the `Retry-After` value.
 //!
 //! 1,000 cases of up to 24 requests each.
@@ -97,6 +102,8 @@ struct State {
     remaining: u32,
     reset_after_ns: u64,
     retry_after_ns: u64,
+    /// Until one more token: what is missing of a whole one (0 when full).
+    next_token_ns: u64,
 }
 
 impl Model {
@@ -114,10 +121,12 @@ impl Model {
 
     fn state(q: &Quota, tokens: u128, retry: u128) -> State {
         let i = u128::from(q.emission_interval_nanos());
+        let next = if tokens == cap(q) { 0 } else { i - tokens % i };
         State {
             remaining: u32::try_from(tokens / i).unwrap(),
             reset_after_ns: u64::try_from(cap(q) - tokens).unwrap(),
             retry_after_ns: u64::try_from(retry).unwrap(),
+            next_token_ns: u64::try_from(next).unwrap(),
         }
     }
 
@@ -180,94 +189,43 @@ fn secs_ceil(ns: u128) -> u64 {
     u64::try_from(ns.div_ceil(u128::from(SEC))).unwrap()
 }
 
-// ---------------------------------------------------------------- RFC 8941
+// ---------------------------------------------------------------- RFC 9651
 
 /// One list item: a string and its integer parameters.
 type Item = (String, Vec<(String, i64)>);
 
-/// An RFC 8941 list of string items with integer parameters, or what is
-/// wrong with it.
+/// A field parsed by `sfv` (an RFC 9651 Structured Fields parser) as a List
+/// whose members are all Items with a String value and Integer parameters,
+/// the draft's shape of `RateLimit` and `RateLimit-Policy`; or what is wrong
+/// with it.
 fn parse_sf_list(input: &str) -> Result<Vec<Item>, String> {
-    let b = input.as_bytes();
-    let mut i = 0;
-    let mut items = Vec::new();
-    let ows = |i: &mut usize| {
-        while *i < b.len() && (b[*i] == b' ' || b[*i] == b'\t') {
-            *i += 1;
-        }
-    };
-    loop {
-        // sf-string
-        if b.get(i) != Some(&b'"') {
-            return Err(format!(
-                "item {} does not start with a string at {i}",
-                items.len()
-            ));
-        }
-        i += 1;
-        let mut name = String::new();
-        loop {
-            match b.get(i) {
-                None => return Err("unterminated string".into()),
-                Some(b'\\') => match b.get(i + 1) {
-                    Some(&c @ (b'"' | b'\\')) => {
-                        name.push(c as char);
-                        i += 2;
-                    }
-                    _ => return Err(format!("bad escape at {i}")),
-                },
-                Some(b'"') => {
-                    i += 1;
-                    break;
-                }
-                Some(&c) if (0x20..=0x7e).contains(&c) => {
-                    name.push(c as char);
-                    i += 1;
-                }
-                Some(c) => return Err(format!("byte {c:#x} in a string")),
-            }
-        }
-        // parameters
-        let mut params = Vec::new();
-        while b.get(i) == Some(&b';') {
-            i += 1;
-            let start = i;
-            while i < b.len()
-                && (b[i].is_ascii_lowercase() || b[i].is_ascii_digit() || b"_-.*".contains(&b[i]))
-            {
-                i += 1;
-            }
-            if start == i || !b[start].is_ascii_lowercase() {
-                return Err(format!("bad key at {start}"));
-            }
-            let key = input[start..i].to_owned();
-            if b.get(i) != Some(&b'=') {
-                return Err(format!("parameter {key} without a value"));
-            }
-            i += 1;
-            let start = i;
-            while i < b.len() && b[i].is_ascii_digit() {
-                i += 1;
-            }
-            if start == i || i - start > 15 {
-                return Err(format!("bad integer at {start}"));
-            }
-            params.push((key, input[start..i].parse().unwrap()));
-        }
-        items.push((name, params));
-        ows(&mut i);
-        if i == b.len() {
-            return Ok(items);
-        }
-        if b[i] != b',' {
-            return Err(format!("expected a comma at {i}"));
-        }
-        i += 1;
-        ows(&mut i);
-        if i == b.len() {
-            return Err("trailing comma".into());
-        }
-    }
+    let list: sfv::List = sfv::Parser::new(input).parse().map_err(|e| e.to_string())?;
+    list.into_iter()
+        .map(|entry| {
+            let sfv::ListEntry::Item(item) = entry else {
+                return Err(format!("an inner list in {input:?}"));
+            };
+            let name = item
+                .bare_item
+                .as_string()
+                .ok_or_else(|| format!("an item that is not a string in {input:?}"))?
+                .as_str()
+                .to_owned();
+            let params = item
+                .params
+                .iter()
+                .map(|(key, value)| {
+                    let n = value
+                        .as_integer()
+                        .map(i64::from)
+                        .filter(|n| *n >= 0)
+                        .ok_or_else(|| format!("parameter {} is not a non-negative integer", key.as_str()))?;
+                    Ok((key.as_str().to_owned(), n))
+                })
+                .collect::<Result<Vec<_>, String>>()?;
+            Ok((name, params))
+        })
+        .collect()
 }
 
 /// What the name looks like inside the header after escaping.
@@ -368,17 +326,25 @@ fn run_case(
         );
         let policy = parse_sf_list(&header("ratelimit-policy").unwrap_or_default());
         prop_assert_eq!(policy, Ok(expected_policy.clone()), "{}", ctx);
+        // `t`: until more quota than now (none when full); on a 429, until
+        // the request fits, on the bands that denied it only
+        let t_of = |st: &State| {
+            let ns = if admitted {
+                st.next_token_ns
+            } else {
+                st.retry_after_ns
+            };
+            (ns > 0).then(|| secs_ceil(u128::from(ns)).max(1))
+        };
         let expected_ratelimit: Vec<Item> = states
             .iter()
             .enumerate()
             .map(|(i, st)| {
-                (
-                    header_name(tier, states.len(), i),
-                    vec![
-                        ("r".into(), i64::from(st.remaining)),
-                        ("t".into(), secs_ceil(u128::from(st.reset_after_ns)) as i64),
-                    ],
-                )
+                let mut params = vec![("r".into(), i64::from(st.remaining))];
+                if let Some(t) = t_of(st) {
+                    params.push(("t".into(), t as i64));
+                }
+                (header_name(tier, states.len(), i), params)
             })
             .collect();
         let ratelimit = parse_sf_list(&header("ratelimit").unwrap_or_default());
@@ -389,7 +355,27 @@ fn run_case(
             let retry = secs_ceil(u128::from(s.retry_after_ns)).max(1);
             prop_assert!(retry >= 1);
             prop_assert_eq!(header("retry-after"), Some(retry.to_string()), "{}", ctx);
+            // never earlier than the `t` of a denying item
+            for t in states.iter().filter_map(t_of) {
+                prop_assert!(retry >= t, "retry-after {} < t {}: {}", retry, t, ctx);
+            }
             let json: serde_json::Value = serde_json::from_slice(&body).expect("a JSON body");
+            prop_assert_eq!(
+                json["type"].as_str(),
+                Some("https://iana.org/assignments/http-problem-types#quota-exceeded")
+            );
+            let violated: Vec<String> = states
+                .iter()
+                .enumerate()
+                .filter(|(_, st)| st.retry_after_ns > 0)
+                .map(|(i, _)| header_name(tier, states.len(), i))
+                .collect();
+            prop_assert_eq!(
+                &json["violated-policies"],
+                &serde_json::json!(violated),
+                "{}",
+                ctx
+            );
             prop_assert_eq!(json["tier"].as_str(), Some(tier));
             prop_assert_eq!(json["retry_after"].as_u64(), Some(retry));
             prop_assert_eq!(json["limit"].as_u64(), Some(u64::from(quotas[r].burst())));
@@ -417,8 +403,9 @@ proptest! {
     }
 }
 
-/// The parser refuses what is not an RFC 8941 list of strings with integer
-/// parameters, so the property cannot pass on malformed headers.
+/// What the property reads fields with refuses what is not a Structured
+/// Fields list of strings with non-negative integer parameters, so the
+/// property cannot pass on malformed headers.
 #[test]
 fn the_list_parser_refuses_malformed_fields() {
     assert_eq!(

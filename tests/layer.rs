@@ -143,13 +143,19 @@ async fn admitted_and_denied_headers_are_exact() {
     assert_eq!(r.header("x-ratelimit-limit"), Some("10"));
     // full again 58.5 s from now (t = 1704067201.5): 1704067259.999.. -> 1704067260
     assert_eq!(r.header("x-ratelimit-reset"), Some("1704067260"));
-    assert_eq!(r.header("ratelimit"), Some(r#""free";r=0;t=59"#));
+    // `t` of the band that denied: until the request fits, as Retry-After
+    assert_eq!(r.header("ratelimit"), Some(r#""free";r=0;t=5"#));
     assert_eq!(r.header("content-type"), Some("application/problem+json"));
     assert_eq!(r.header("x-content-type-options"), Some("nosniff"));
     let body = r.json();
     assert_eq!(body["tier"], "free");
     assert_eq!(body["retry_after"], 5);
     assert_eq!(body["status"], 429);
+    assert_eq!(
+        body["type"],
+        "https://iana.org/assignments/http-problem-types#quota-exceeded"
+    );
+    assert_eq!(body["violated-policies"], serde_json::json!(["free"]));
 }
 
 #[tokio::test]

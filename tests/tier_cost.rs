@@ -257,3 +257,84 @@ async fn the_same_app_from_the_builder_and_route_layers_gives_the_same_sequence(
     let from_macros = run(macro_app(&clock, &calls), &clock).await;
     assert_eq!(from_macros, from_builder);
 }
+
+// ------------------------------------------------ a cost above the burst
+
+/// Ten units, more than the `small` tier's burst of 5.
+#[tier_cost(10)]
+async fn ten() -> &'static str {
+    "ten"
+}
+
+/// A route costing 10 (by attribute and by route layer), under tiers with
+/// bursts of 5 (`small`) and 20 (`big`).
+fn costly_app(clock: &FakeClock) -> Router {
+    let tiers = RateTier::builder()
+        .tier("small", Quota::per_minute(5))
+        .tier("big", Quota::per_minute(20))
+        .clock(clock.clone())
+        .build();
+    Router::new()
+        .route("/plain", get(|| async { "plain" }))
+        .route("/attribute", get(ten))
+        .route("/layer", get(|| async { "ten" }).layer(tier_cost(10)))
+        .layer(TierLimitLayer::new(tiers).identifier_fn(|headers: &HeaderMap| {
+            let user = headers.get("x-user")?.to_str().ok()?;
+            let tier = headers.get("x-tier")?.to_str().ok()?;
+            Some(TierIdentity::new(user, tier))
+        }))
+}
+
+async fn status_of(app: &Router, path: &str, user: &str, tier: &str) -> (u16, bool) {
+    let request = Request::get(path)
+        .header("x-user", user)
+        .header("x-tier", tier)
+        .body(Body::empty())
+        .unwrap();
+    let response = app.clone().oneshot(request).await.unwrap();
+    (
+        response.status().as_u16(),
+        response.headers().contains_key("retry-after"),
+    )
+}
+
+#[tokio::test]
+async fn a_cost_once_refused_above_the_burst_is_403_for_every_user_from_then_on() {
+    for path in ["/attribute", "/layer"] {
+        let clock = FakeClock::new();
+        let app = costly_app(&clock);
+        // ada spends her quota before anyone has reached the route
+        for _ in 0..5 {
+            assert_eq!(status_of(&app, "/plain", "ada", "small").await.0, 200);
+        }
+        // the one corner no route-level mechanism reaches: the limiter has
+        // never seen the route, pre-charges 1 and her quota is spent
+        assert_eq!(status_of(&app, path, "ada", "small").await, (429, true), "{path}");
+        // a user with quota left reaches the declaration, which refuses:
+        // 403, and the limiter learns the route's price from it
+        assert_eq!(
+            status_of(&app, path, "bob", "small").await,
+            (403, false),
+            "{path}"
+        );
+        // from then on ada, spent, is told 403 (no Retry-After) every time,
+        // across refills, as is every other user of the tier
+        for wait in [0, 12, 60] {
+            clock.advance(Duration::from_secs(wait));
+            assert_eq!(
+                status_of(&app, path, "ada", "small").await,
+                (403, false),
+                "{path} after {wait} s"
+            );
+        }
+        assert_eq!(status_of(&app, path, "cy", "small").await, (403, false), "{path}");
+        // nothing was charged by the refusals: bob still has his five
+        for _ in 0..5 {
+            assert_eq!(status_of(&app, "/plain", "bob", "small").await.0, 200);
+        }
+        // a tier whose burst admits the cost passes, charged exactly once
+        assert_eq!(status_of(&app, path, "dee", "big").await, (200, false), "{path}");
+        assert_eq!(status_of(&app, path, "dee", "big").await, (200, false), "{path}");
+        assert_eq!(status_of(&app, path, "dee", "big").await, (429, true), "{path}");
+    }
+}

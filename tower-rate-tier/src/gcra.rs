@@ -35,6 +35,26 @@ pub struct BandState {
     /// Nanoseconds until the request that was denied would be admitted; 0
     /// when it was admitted.
     pub retry_after_ns: u64,
+    /// Nanoseconds until the band has more quota than now (`remaining`
+    /// grows by one); 0 when the band is full (or unlimited). Computed with
+    /// the quota that decided: a [`Fallback`](crate::storage::Fallback)'s
+    /// local decision counts it from its share.
+    pub more_after_ns: u64,
+}
+
+/// The time until a band with `used` of its tolerance taken has one more
+/// unit than now: the part of `used` that is not a whole interval, or a
+/// whole interval; 0 when nothing is used (the band is full). Any time unit,
+/// as long as both are in it.
+#[inline]
+pub(crate) fn next_unit_after(used: u64, interval: u64) -> u64 {
+    if used == 0 || interval == 0 {
+        return 0;
+    }
+    match used % interval {
+        0 => interval,
+        part => part,
+    }
 }
 
 /// The outcome of [`decide`] for one band.
@@ -98,6 +118,7 @@ fn decide_wide(tat: Option<Nanos>, now: Nanos, quota: &Quota, cost: u32) -> Band
                 remaining: u32::MAX,
                 reset_after_ns: 0,
                 retry_after_ns: 0,
+                more_after_ns: 0,
             },
         };
     }
@@ -129,6 +150,7 @@ fn decide_wide(tat: Option<Nanos>, now: Nanos, quota: &Quota, cost: u32) -> Band
                 remaining: sat_u32(div(tolerance - charged, interval)),
                 reset_after_ns: sat_u64(charged),
                 retry_after_ns: 0,
+                more_after_ns: sat_u64(next_unit_after_wide(charged, interval)),
             },
         }
     } else {
@@ -139,8 +161,20 @@ fn decide_wide(tat: Option<Nanos>, now: Nanos, quota: &Quota, cost: u32) -> Band
                 remaining: sat_u32(div(tolerance - used, interval)),
                 reset_after_ns: sat_u64(used),
                 retry_after_ns: sat_u64(charged - tolerance).max(1),
+                more_after_ns: sat_u64(next_unit_after_wide(used, interval)),
             },
         }
+    }
+}
+
+/// [`next_unit_after`] in `u128`.
+fn next_unit_after_wide(used: u128, interval: u128) -> u128 {
+    if used == 0 || interval == 0 {
+        return 0;
+    }
+    match used % interval {
+        0 => interval,
+        part => part,
     }
 }
 
@@ -178,6 +212,7 @@ fn decide_u64(tat: Option<Nanos>, now: Nanos, quota: &Quota, cost: u32) -> Optio
                 remaining: u32::try_from(div_u64(tolerance - charged, interval)).unwrap_or(u32::MAX),
                 reset_after_ns: charged,
                 retry_after_ns: 0,
+                more_after_ns: next_unit_after(charged, interval),
             },
         }
     } else {
@@ -188,6 +223,7 @@ fn decide_u64(tat: Option<Nanos>, now: Nanos, quota: &Quota, cost: u32) -> Optio
                 remaining: u32::try_from(div_u64(tolerance - used, interval)).unwrap_or(u32::MAX),
                 reset_after_ns: used,
                 retry_after_ns: (charged - tolerance).max(1),
+                more_after_ns: next_unit_after(used, interval),
             },
         }
     })
@@ -243,6 +279,30 @@ mod tests {
         assert!(!run(&q, &mut tat, now + 6 * S - 1, 1));
         assert!(run(&q, &mut tat, now + 6 * S, 1));
         assert!(!run(&q, &mut tat, now + 6 * S, 1));
+    }
+
+    #[test]
+    fn more_quota_is_one_interval_away_at_most() {
+        let q = Quota::per_minute(5); // one every 12 s
+        let mut tat = None;
+        for i in 0..5 {
+            let d = decide(tat, 0, &q, 1);
+            assert!(d.allowed);
+            assert_eq!(d.state.more_after_ns, 12 * S, "request {i}");
+            tat = d.new_tat;
+        }
+        // 5 s later, spent: the next unit is 7 s away, the denial as long
+        let d = decide(tat, 5 * S, &q, 1);
+        assert!(!d.allowed);
+        assert_eq!((d.state.more_after_ns, d.state.retry_after_ns), (7 * S, 7 * S));
+        // a cost of 3 fits 31 s later
+        assert_eq!(decide(tat, 5 * S, &q, 3).state.retry_after_ns, 31 * S);
+        // a full band has nothing more to give
+        assert_eq!(decide(None, 0, &q, 0).state.more_after_ns, 0);
+        assert_eq!(decide(tat, 60 * S, &q, 0).state.more_after_ns, 0);
+        // the wide path agrees
+        let wide = decide_wide(tat, 5 * S, &q, 0);
+        assert_eq!(wide.state.more_after_ns, 7 * S);
     }
 
     #[test]

@@ -14,11 +14,15 @@
 //!   `grpc-message` (`rate limit exceeded (tier free); retry in 30 s`);
 //! * `grpc-status-details-bin`: a `google.rpc.Status` whose details are a
 //!   `google.rpc.RetryInfo` (the retry delay: `Retry-After`, whole seconds
-//!   rounded up, never 0) and a `google.rpc.QuotaFailure` (one violation,
-//!   subject `tier:<name>`), which `tonic_types::StatusExt` decodes;
+//!   rounded up, never 0) and a `google.rpc.QuotaFailure` with one violation
+//!   per band that refused, its subject `tier:` and the band's
+//!   `RateLimit-Policy` item name (`tier:free` for a one-band tier,
+//!   `tier:free.0`, `tier:free.1`, ... in a multi-band tier: the 429 body's
+//!   `violated-policies`), which `tonic_types::StatusExt` decodes;
 //! * the HTTP refusal's rate-limit fields as metadata: `retry-after`,
 //!   `x-ratelimit-limit`, `x-ratelimit-remaining`, `x-ratelimit-reset`,
-//!   `ratelimit-policy`, `ratelimit`;
+//!   `ratelimit-policy`, `ratelimit` (its `t` as on HTTP: on a refusal, the
+//!   seconds until the call would fit, on the bands that refused only);
 //! * `grpc-retry-pushback-ms` (gRFC A6: a client whose retry policy covers
 //!   the code waits that long) only when
 //!   [`grpc_retry_pushback(true)`](crate::TierLimitLayer::grpc_retry_pushback)
@@ -232,13 +236,38 @@ fn to_grpc(refusal: Response<Bytes>, retry_pushback: bool, content_type: HeaderV
     }
     if let Some(tier) = tier {
         let number = |member: &str| problem.get(member).and_then(serde_json::Value::as_u64);
-        let description = match (number("cost"), number("limit")) {
+        let violated: Vec<&str> = problem
+            .get("violated-policies")
+            .and_then(serde_json::Value::as_array)
+            .map(|names| names.iter().filter_map(serde_json::Value::as_str).collect())
+            .unwrap_or_default();
+        match (number("cost"), number("limit")) {
             (Some(cost), Some(limit)) if !limited => {
-                format!("a call costs {cost}, more than the tier's burst of {limit}")
+                details.add_quota_failure_violation(
+                    format!("tier:{tier}"),
+                    format!("a call costs {cost}, more than the tier's burst of {limit}"),
+                );
             }
-            _ => format!("the quota of tier {tier} is spent"),
-        };
-        details.add_quota_failure_violation(format!("tier:{tier}"), description);
+            _ if violated.is_empty() => {
+                details.add_quota_failure_violation(
+                    format!("tier:{tier}"),
+                    format!("the quota of tier {tier} is spent"),
+                );
+            }
+            _ => {
+                // One violation per band that refused, named as its
+                // `RateLimit-Policy` item (the tier's own name for a
+                // one-band tier).
+                for name in violated {
+                    let description = if name == tier {
+                        format!("the quota of tier {tier} is spent")
+                    } else {
+                        format!("the quota of policy {name} of tier {tier} is spent")
+                    };
+                    details.add_quota_failure_violation(format!("tier:{name}"), description);
+                }
+            }
+        }
     }
 
     let mut metadata = parts.headers;
@@ -396,6 +425,24 @@ mod tests {
         );
         let violation = &details.quota_failure().unwrap().violations[0];
         assert_eq!(violation.subject, "tier:free");
+    }
+
+    #[test]
+    fn every_violated_policy_is_a_violation() {
+        let mut limited = Response::new(Bytes::from_static(
+            br#"{"detail":"rate limit exceeded","tier":"multi","retry_after":3,"violated-policies":["multi.0","multi.2"]}"#,
+        ));
+        *limited.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+        limited.headers_mut().insert(RETRY_AFTER, HeaderValue::from(3));
+        let response = refusal(&headers("application/grpc"), limited, false);
+        let status = Status::from_header_map(response.headers()).unwrap();
+        let failure = status.get_error_details().quota_failure().cloned().unwrap();
+        let subjects: Vec<&str> = failure.violations.iter().map(|v| v.subject.as_str()).collect();
+        assert_eq!(subjects, ["tier:multi.0", "tier:multi.2"]);
+        assert_eq!(
+            failure.violations[1].description,
+            "the quota of policy multi.2 of tier multi is spent"
+        );
     }
 
     fn parts(path: &str) -> Parts {

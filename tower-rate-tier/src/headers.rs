@@ -80,13 +80,25 @@ pub(crate) struct TierHeaders {
     /// Each band's `RateLimit` item name as an RFC 8941 string (`"free"`,
     /// or `"free.0"` in a multi-band tier).
     items: Box<[Box<str>]>,
+    /// Each band's item name as a Structured Fields parser decodes it from
+    /// `items` (no quotes, no escapes): what a 429 body's
+    /// `violated-policies` lists.
+    pub(crate) names: Box<[Box<str>]>,
 }
 
 impl TierHeaders {
     /// The values of the tier `name` with `bands`.
     pub(crate) fn new(name: &str, bands: &[Quota]) -> Self {
-        let items: Box<[Box<str>]> = (0..bands.len())
-            .map(|i| item_name(name, bands.len(), i).into_boxed_str())
+        let names: Box<[Box<str>]> = (0..bands.len())
+            .map(|i| policy_name(name, bands.len(), i).into_boxed_str())
+            .collect();
+        let items: Box<[Box<str>]> = names
+            .iter()
+            .map(|name| {
+                let mut item = String::with_capacity(name.len() + 2);
+                push_sf_string(&mut item, name);
+                item.into_boxed_str()
+            })
             .collect();
         let mut policy = String::with_capacity(32);
         for (i, (quota, item)) in bands.iter().zip(&items).enumerate() {
@@ -103,12 +115,17 @@ impl TierHeaders {
             policy: HeaderValue::try_from(policy).ok(),
             limits: bands.iter().map(|q| number(u64::from(q.burst()))).collect(),
             items,
+            names,
         }
     }
 
-    /// The `RateLimit` value for the bands' states, written into a stack
-    /// buffer first so that the value is one allocation of its exact size.
-    pub(crate) fn ratelimit(&self, states: &[BandState]) -> Option<HeaderValue> {
+    /// The `RateLimit` value for the bands' states after a decision that
+    /// `allowed` or not, written into a stack buffer first so that the value
+    /// is one allocation of its exact size.
+    ///
+    /// `t` is the draft's "seconds until additional quota is made
+    /// available" ([`t_secs`]); an item without one has none.
+    pub(crate) fn ratelimit(&self, states: &[BandState], allowed: bool) -> Option<HeaderValue> {
         let mut out = Stack::default();
         for (i, (state, item)) in states.iter().zip(&self.items).enumerate() {
             if i > 0 {
@@ -117,15 +134,28 @@ impl TierHeaders {
             out.push(item.as_bytes());
             out.push(b";r=");
             out.push(itoa::Buffer::new().format(state.remaining).as_bytes());
-            out.push(b";t=");
-            out.push(
-                itoa::Buffer::new()
-                    .format(secs_ceil(state.reset_after_ns))
-                    .as_bytes(),
-            );
+            if let Some(t) = t_secs(state, allowed) {
+                out.push(b";t=");
+                out.push(itoa::Buffer::new().format(t).as_bytes());
+            }
         }
         HeaderValue::from_bytes(out.as_bytes()).ok()
     }
+}
+
+/// A band's `t` (whole seconds, rounded up, at least 1) after a decision
+/// that `allowed` the request or not: until the band has more quota than now
+/// when admitted (none when it is full); until the request would fit when
+/// this band denied it; none for a band that did not deny a denied request
+/// (the draft makes `t` optional, and a daily band's next unit can be much
+/// later than the `Retry-After` its per-second band gives).
+pub(crate) fn t_secs(state: &BandState, allowed: bool) -> Option<u64> {
+    let nanos = if allowed {
+        state.more_after_ns
+    } else {
+        state.retry_after_ns
+    };
+    (nanos > 0).then(|| secs_ceil(nanos).max(1))
 }
 
 /// A header value being written: on the stack while it fits (every value
@@ -168,18 +198,19 @@ pub(crate) fn number(n: u64) -> HeaderValue {
     HeaderValue::from_bytes(digits.format(n).as_bytes()).unwrap_or_else(|_| HeaderValue::from(n))
 }
 
-fn item_name(tier: &str, bands: usize, index: usize) -> String {
-    let mut out = String::with_capacity(tier.len() + 5);
-    if bands == 1 {
-        push_sf_string(&mut out, tier);
-    } else {
-        let mut name = String::with_capacity(tier.len() + 3);
-        name.push_str(tier);
+/// A band's policy name: the tier's name (`free`), or `free.0`, `free.1`,
+/// ... in a multi-band tier, with every character a Structured Fields string
+/// cannot hold (anything but printable ASCII) replaced by `?`.
+fn policy_name(tier: &str, bands: usize, index: usize) -> String {
+    let mut name: String = tier
+        .chars()
+        .map(|c| if matches!(c, ' '..='~') { c } else { '?' })
+        .collect();
+    if bands > 1 {
         name.push('.');
         name.push_str(itoa::Buffer::new().format(index));
-        push_sf_string(&mut out, &name);
     }
-    out
+    name
 }
 
 /// A tier name as an RFC 8941 string: printable ASCII, with `"` and `\`
@@ -223,16 +254,49 @@ mod tests {
                 remaining: 4,
                 reset_after_ns: 1,
                 retry_after_ns: 0,
+                more_after_ns: 1,
             },
             BandState {
-                remaining: 99,
-                reset_after_ns: 864_000_000_000,
+                remaining: 100,
+                reset_after_ns: 0,
                 retry_after_ns: 0,
+                more_after_ns: 0,
+            },
+        ];
+        // a full band has no `t`
+        assert_eq!(
+            h.ratelimit(&states, true).unwrap(),
+            r#""free.0";r=4;t=1, "free.1";r=100"#
+        );
+        assert_eq!(&*h.names[1], "free.1");
+        // on a denial only the band that denied has a `t`
+        let denied = [
+            BandState {
+                remaining: 0,
+                reset_after_ns: 1_000_000_000,
+                retry_after_ns: 200_000_000,
+                more_after_ns: 200_000_000,
+            },
+            BandState {
+                remaining: 90,
+                reset_after_ns: 10 * 864_000_000_000,
+                retry_after_ns: 0,
+                more_after_ns: 864_000_000_000,
             },
         ];
         assert_eq!(
-            h.ratelimit(&states).unwrap(),
-            r#""free.0";r=4;t=1, "free.1";r=99;t=864"#
+            h.ratelimit(&denied, false).unwrap(),
+            r#""free.0";r=0;t=1, "free.1";r=90"#
+        );
+    }
+
+    #[test]
+    fn policy_names_are_what_a_parser_decodes() {
+        let h = TierHeaders::new("fr\"e\\e\u{e9}", &[Quota::per_second(1)]);
+        assert_eq!(&*h.names[0], "fr\"e\\e?");
+        assert_eq!(
+            h.policy.as_ref().map(|v| v.to_str().unwrap_or_default()),
+            Some(r#""fr\"e\\e?";q=1;w=1"#)
         );
     }
 }

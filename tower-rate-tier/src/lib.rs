@@ -78,10 +78,11 @@
 //! # }
 //! ```
 //!
-//! The [README](https://github.com/tower-rate-tier/tower-rate-tier#readme)
-//! walks through installing, identification, policies, headers, Redis and
-//! testing; the repository's `examples/` run as they are and check what they
-//! print. `MIGRATING.md` there covers moving from the crates.io 0.3 line.
+//! The `README.md` at the root of the repository walks through installing
+//! (a `path` dependency on your clone, or `git` with the URL you cloned
+//! from), identification, policies, headers, Redis and testing; the
+//! repository's `examples/` run as they are and check what they print.
+//! `MIGRATING.md` there covers moving from the crates.io 0.3 line.
 //!
 //! [tower]: https://docs.rs/tower
 #![cfg_attr(docsrs, feature(doc_cfg))]

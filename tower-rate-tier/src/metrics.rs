@@ -47,6 +47,9 @@
 //! Handles are registered with the recorder in force when
 //! [`metrics(true)`](crate::TierLimitLayer::metrics) and
 //! [`MeteredStorage::new`] run: install the recorder (or exporter) first.
+//! The same calls describe their metrics to it (a help text and a unit
+//! each, through `describe_counter!` and its kin), so a Prometheus scrape
+//! carries `# HELP` and `# TYPE` lines for every one of them.
 //! With `metrics-exporter-prometheus`, histograms are summaries unless you
 //! give buckets:
 //!
@@ -89,7 +92,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Instant;
 
-use metrics::{Counter, Histogram, SharedString};
+use metrics::{Counter, Histogram, SharedString, Unit};
 
 use crate::clock::Clock;
 use crate::policy::{OnMissing, OnStorageError, OnUnknownTier};
@@ -113,6 +116,44 @@ pub const DENY_CACHE_HITS_TOTAL: &str = "tower_rate_tier_deny_cache_hits_total";
 pub const FALLBACK_ACTIVE: &str = "tower_rate_tier_fallback_active";
 /// The `tier` label of requests charged to no configured tier.
 pub const UNKNOWN: &str = "unknown";
+
+/// Describes [`REQUESTS_TOTAL`] (help text and unit) to the recorder in
+/// force, so that an exporter prints it (`# HELP` and `# TYPE` in a
+/// Prometheus scrape). Called where its handles are registered
+/// ([`TierLimitLayer::metrics`](crate::TierLimitLayer::metrics)).
+pub(crate) fn describe_requests() {
+    metrics::describe_counter!(
+        REQUESTS_TOTAL,
+        Unit::Count,
+        "Requests the rate limiter decided, by tier and outcome (allowed, limited, cost_exceeds_limit, ...)"
+    );
+}
+
+/// Describes the storage metrics ([`STORAGE_DURATION_SECONDS`],
+/// [`STORAGE_ERRORS_TOTAL`], [`DENY_CACHE_HITS_TOTAL`], [`FALLBACK_ACTIVE`])
+/// to the recorder in force. Called where their handles are registered
+/// ([`MeteredStorage::new`]).
+fn describe_storage() {
+    metrics::describe_histogram!(
+        STORAGE_DURATION_SECONDS,
+        Unit::Seconds,
+        "Time of each rate-limit storage operation, from the call to its answer"
+    );
+    metrics::describe_counter!(
+        STORAGE_ERRORS_TOTAL,
+        Unit::Count,
+        "Failed rate-limit storage operations, by kind (timeout, unavailable, full, other)"
+    );
+    metrics::describe_counter!(
+        DENY_CACHE_HITS_TOTAL,
+        Unit::Count,
+        "Denials a deny cache answered without asking the storage"
+    );
+    metrics::describe_gauge!(
+        FALLBACK_ACTIVE,
+        "1 while a fallback answers rate-limit decisions from its local limiter, 0 once the primary answers again"
+    );
+}
 
 /// What became of a request: the `outcome` label of
 /// [`REQUESTS_TOTAL`]. See the [module docs](self).
@@ -380,6 +421,7 @@ impl<S: Storage> MeteredStorage<S> {
     /// Wraps `inner`, naming it `name` in the `storage` label (`"memory"`,
     /// `"redis"`). Registers its handles with the recorder in force.
     pub fn new(inner: S, name: impl Into<SharedString>) -> Self {
+        describe_storage();
         let name: SharedString = name.into();
         let errors = ["timeout", "unavailable", "full", "other"]
             .map(|kind| metrics::counter!(STORAGE_ERRORS_TOTAL, "storage" => name.clone(), "kind" => kind));

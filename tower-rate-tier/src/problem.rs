@@ -1,4 +1,8 @@
 //! RFC 9457 `application/problem+json` bodies for every refusal.
+//!
+//! A 429 for a spent quota is the `quota-exceeded` problem type of
+//! draft-ietf-httpapi-ratelimit-headers ([`QUOTA_EXCEEDED`]); every other
+//! refusal is `about:blank` (its title the status's reason phrase).
 
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderValue, X_CONTENT_TYPE_OPTIONS};
@@ -8,11 +12,47 @@ use serde_json::json;
 const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
 const NOSNIFF: HeaderValue = HeaderValue::from_static("nosniff");
 
-/// An RFC 9457 problem response; `extra` members are added to the body.
+/// The problem type of a 429 for a spent quota
+/// (draft-ietf-httpapi-ratelimit-headers, "Quota Exceeded").
+pub const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
+
+/// The title registered for [`QUOTA_EXCEEDED`].
+const QUOTA_EXCEEDED_TITLE: &str = "Quota Exceeded";
+
+/// An RFC 9457 `about:blank` problem response; `extra` members are added to
+/// the body.
 pub(crate) fn problem(status: StatusCode, detail: &str, extra: serde_json::Value) -> Response<Bytes> {
+    typed_problem(
+        status,
+        "about:blank",
+        status.canonical_reason().unwrap_or("Error"),
+        detail,
+        extra,
+    )
+}
+
+/// A [`QUOTA_EXCEEDED`] problem response (429); `extra` members (the
+/// draft's `violated-policies` among them) are added to the body.
+pub(crate) fn quota_exceeded(detail: &str, extra: serde_json::Value) -> Response<Bytes> {
+    typed_problem(
+        StatusCode::TOO_MANY_REQUESTS,
+        QUOTA_EXCEEDED,
+        QUOTA_EXCEEDED_TITLE,
+        detail,
+        extra,
+    )
+}
+
+fn typed_problem(
+    status: StatusCode,
+    kind: &str,
+    title: &str,
+    detail: &str,
+    extra: serde_json::Value,
+) -> Response<Bytes> {
     let mut body = json!({
-        "type": "about:blank",
-        "title": status.canonical_reason().unwrap_or("Error"),
+        "type": kind,
+        "title": title,
         "status": status.as_u16(),
         "detail": detail,
     });

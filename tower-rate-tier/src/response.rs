@@ -2,14 +2,21 @@
 //!
 //! Admitted responses carry
 //!
-//! * `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset` (Unix
-//!   seconds, rounded up): the band closest to denying;
+//! * `X-RateLimit-Limit` (the burst), `X-RateLimit-Remaining`,
+//!   `X-RateLimit-Reset` (the Unix time, in seconds rounded up, at which the
+//!   band is full again): the band closest to denying;
 //! * `RateLimit-Policy` (`"free";q=10;w=60`) and `RateLimit`
 //!   (`"free";r=9;t=6`) from draft-ietf-httpapi-ratelimit-headers, one item
 //!   per band. `q` is the burst, `w` the seconds an emptied burst takes to
-//!   refill (rounded up), `r` what remains, `t` the seconds until the band is
-//!   full again (rounded up). Items of a multi-band tier are named
-//!   `"free.0"`, `"free.1"`, ...
+//!   refill (rounded up), `r` what remains, `t` the draft's "seconds until
+//!   additional quota is made available": whole seconds, rounded up and at
+//!   least 1, until the band admits more than now (a full band carries no
+//!   `t`). Items of a multi-band tier are named `"free.0"`, `"free.1"`, ...
+//!
+//! On a 429, the `t` of each band that refused is the time until the same
+//! request would fit, so `Retry-After` (the longest of them) is never
+//! earlier than any refusing item's `t`; bands that did not refuse carry no
+//! `t`.
 //!
 //! The layer adds these itself; the functions here serve your own
 //! [`on_limited`](crate::TierLimitLayer::on_limited) response or a front
@@ -34,19 +41,23 @@
 //! ```
 //!
 //! A 429 carries the same fields, `Retry-After` (whole seconds, rounded up,
-//! never 0) and an RFC 9457 `application/problem+json` body with at least
-//! `tier` and `retry_after` members. Unlimited tiers get no rate-limit fields.
+//! never 0) and an RFC 9457 `application/problem+json` body of the draft's
+//! type [`QUOTA_EXCEEDED`], whose `violated-policies` lists the names of the
+//! `RateLimit-Policy` items that refused, with `tier`, `retry_after`,
+//! `limit` and `remaining` members. Unlimited tiers get no rate-limit
+//! fields.
 
 use bytes::Bytes;
 use http::header::RETRY_AFTER;
-use http::{HeaderMap, Response, StatusCode};
+use http::{HeaderMap, Response};
 use serde_json::json;
 
 pub use crate::headers::{
     RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
 };
 use crate::headers::{RateLimitHeaders, number};
-use crate::problem::problem;
+pub use crate::problem::QUOTA_EXCEEDED;
+use crate::problem::quota_exceeded;
 use crate::tier::{RateLimitInfo, RateLimited};
 
 fn insert_common(headers: &mut HeaderMap, info: Fields<'_>, which: RateLimitHeaders) {
@@ -64,7 +75,7 @@ fn insert_common(headers: &mut HeaderMap, info: Fields<'_>, which: RateLimitHead
         if let Some(policy) = &tier.policy {
             headers.insert(RATELIMIT_POLICY, policy.clone());
         }
-        if let Some(value) = tier.ratelimit(&info.detail.bands) {
+        if let Some(value) = tier.ratelimit(&info.detail.bands, info.allowed) {
             headers.insert(RATELIMIT, value);
         }
     }
@@ -73,6 +84,7 @@ fn insert_common(headers: &mut HeaderMap, info: Fields<'_>, which: RateLimitHead
 /// What the fields of both outcomes are made of.
 struct Fields<'a> {
     detail: &'a crate::tier::Detail,
+    allowed: bool,
     remaining: u32,
     reset_at: u64,
 }
@@ -95,6 +107,7 @@ pub(crate) fn apply_info_fields(headers: &mut HeaderMap, info: &RateLimitInfo, w
     }
     let fields = Fields {
         detail: &info.detail,
+        allowed: true,
         remaining: info.remaining,
         reset_at: info.reset_at_unix_secs(),
     };
@@ -108,6 +121,7 @@ pub(crate) fn apply_limited_fields(headers: &mut HeaderMap, limited: &RateLimite
     }
     let fields = Fields {
         detail: &limited.detail,
+        allowed: false,
         remaining: limited.remaining,
         reset_at: limited.reset_at_unix_secs(),
     };
@@ -115,12 +129,23 @@ pub(crate) fn apply_limited_fields(headers: &mut HeaderMap, limited: &RateLimite
 }
 
 /// The default 429 response (without the rate-limit headers, which the
-/// layer adds).
+/// layer adds): an RFC 9457 problem of the draft's type
+/// [`QUOTA_EXCEEDED`], whose
+/// `violated-policies` names the `RateLimit-Policy` items that refused
+/// ([`RateLimited::violated_policies`]), with the members `tier`,
+/// `retry_after` (seconds), `limit` and `remaining` of the band that
+/// refused longest.
 pub fn too_many_requests(limited: &RateLimited) -> Response<Bytes> {
     let retry = limited.retry_after_secs();
-    problem(
-        StatusCode::TOO_MANY_REQUESTS,
+    let violated: Vec<&str> = limited.violated_policies().collect();
+    quota_exceeded(
         "rate limit exceeded; retry after the number of seconds in `retry_after`",
-        json!({ "tier": limited.tier(), "retry_after": retry, "limit": limited.limit, "remaining": limited.remaining }),
+        json!({
+            "violated-policies": violated,
+            "tier": limited.tier(),
+            "retry_after": retry,
+            "limit": limited.limit,
+            "remaining": limited.remaining,
+        }),
     )
 }

@@ -126,12 +126,23 @@ impl Charge {
     pub(crate) fn finish<B>(&self, response: &mut Response<B>) {
         let mut state = self.lock();
         if response.extensions().get::<Refusal>().is_some() {
-            // A limiter further in refused the request: it consumes nothing
-            // here either, and the refusal keeps its own headers. Its route
-            // declarations may not have run: nothing is learned.
+            // Refused: it consumes nothing here, and the refusal keeps its
+            // own headers. When this limiter's own settlement of a
+            // declaration refused it, the declaration ran and the route's
+            // price is known (provisionally: a declaration after it may not
+            // have run), so a cost above a tier's burst is answered 403 at
+            // the limiter from then on, to every user, even one whose quota
+            // is spent. A refusal from further in says nothing of the
+            // route's price.
             let charged = std::mem::take(&mut state.charged);
+            let own = matches!(state.outcome, Outcome::Refused)
+                .then_some(state.declared)
+                .flatten();
             drop(state);
             self.give_back_now(charged);
+            if let (Some((method, path)), Some((cost, source))) = (&self.route, own) {
+                self.ledger.learned.set(method, path, cost, source, true);
+            }
             return;
         }
         let refund = self

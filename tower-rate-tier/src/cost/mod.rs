@@ -91,6 +91,17 @@
 //! that first request. Routes that must never be limited (health checks) are
 //! best priced up front with [`cost_fn`](crate::TierLimitLayer::cost_fn).
 //!
+//! A declaration the limiter refuses teaches the route's price too: once any
+//! request has reached a route declaring more than a tier's burst (and was
+//! answered 403), every later request of that tier to the route is answered
+//! 403 by the limiter itself, before the storage is asked, whether the
+//! user's quota is spent or not, so a client that honours `Retry-After` is
+//! never sent back for a refusal that cannot change. The one request that
+//! cannot be told is the same corner as above: a spent user's request to a
+//! route no request has reached since the limiter started gets 429 (its
+//! pre-charge of 1 does not fit); price such routes up front with the cost
+//! function when that matters.
+//!
 //! A route that declares a cost but is reached without a limiter before it
 //! (for instance a route added after `.layer(limiter)`) fails closed: 500
 //! with a clear body and an error log line, never unlimited.

@@ -348,7 +348,10 @@ impl TierLimitLayer {
     /// before this call.
     #[cfg(feature = "metrics")]
     pub fn metrics(mut self, enabled: bool) -> Self {
-        let counters = enabled.then(|| Arc::new(crate::metrics::RequestCounters::new(self.tiers())));
+        let counters = enabled.then(|| {
+            crate::metrics::describe_requests();
+            Arc::new(crate::metrics::RequestCounters::new(self.tiers()))
+        });
         self.config().metrics = counters;
         self
     }

@@ -60,8 +60,22 @@ pub(crate) struct Detail {
 }
 
 macro_rules! outcome_accessors {
-    ($ty:ty) => {
+    ($ty:ty, $allowed:expr) => {
         impl $ty {
+            /// Each band's `t` in the IETF `RateLimit` field, in the tier's
+            /// order: whole seconds (rounded up, at least 1) until the band
+            /// has more quota than now, computed with the quota that
+            /// decided. After an admission, `None` for a full band; after a
+            /// denial, the seconds until the request would fit for each band
+            /// that denied it (never more than
+            /// [`RateLimited::retry_after_secs`]) and `None` for the others.
+            pub fn ratelimit_t_secs(&self) -> impl Iterator<Item = Option<u64>> + '_ {
+                self.detail
+                    .bands
+                    .iter()
+                    .map(|state| crate::headers::t_secs(state, $allowed))
+            }
+
             /// The tier's name.
             pub fn tier(&self) -> &str {
                 &self.detail.tier.name
@@ -117,8 +131,8 @@ macro_rules! outcome_accessors {
     };
 }
 
-outcome_accessors!(RateLimitInfo);
-outcome_accessors!(RateLimited);
+outcome_accessors!(RateLimitInfo, true);
+outcome_accessors!(RateLimited, false);
 
 impl RateLimitInfo {
     /// The state after `units` were given back (same instant): what a refund
@@ -133,12 +147,25 @@ impl RateLimitInfo {
             let tolerance = interval * u128::from(quota.burst());
             let used = u128::from(state.reset_after_ns).saturating_sub(interval * u128::from(units));
             state.reset_after_ns = u64::try_from(used).unwrap_or(u64::MAX);
+            state.more_after_ns =
+                crate::gcra::next_unit_after(state.reset_after_ns, quota.emission_interval_nanos());
             state.remaining = u32::try_from((tolerance - used.min(tolerance)) / interval).unwrap_or(u32::MAX);
         }
         let decision = Decision::new(true, self.detail.now, bands).with_source(self.detail.source);
         if let Ok(info) = outcome(&self.detail.tier, decision) {
             *self = info;
         }
+    }
+
+    /// Time until the reported band has more quota than now (one more unit
+    /// in [`remaining`](Self::remaining)), computed with the quota that
+    /// decided: that band's `t` in the `RateLimit` field, before rounding.
+    /// `None` when the band is full, or the tier unlimited. Unlike
+    /// [`reset_after`](Self::reset_after), which is the time until the band
+    /// is full again (`X-RateLimit-Reset`).
+    pub fn more_quota_after(&self) -> Option<Duration> {
+        let state = self.detail.bands.get(self.detail.band)?;
+        (state.more_after_ns > 0).then(|| Duration::from_nanos(state.more_after_ns))
     }
 
     /// The admission of an unlimited tier: no state, no headers.
@@ -159,6 +186,19 @@ impl RateLimitInfo {
 }
 
 impl RateLimited {
+    /// The names of the `RateLimit-Policy` items whose band denied the
+    /// request, in the tier's order, as a Structured Fields parser decodes
+    /// them from the field (`free`, or `free.0`, `free.1`, ... in a
+    /// multi-band tier): the 429 body's `violated-policies`.
+    pub fn violated_policies(&self) -> impl Iterator<Item = &str> + '_ {
+        self.detail
+            .bands
+            .iter()
+            .zip(self.detail.tier.headers.names.iter())
+            .filter(|(state, _)| state.retry_after_ns > 0)
+            .map(|(_, name)| &**name)
+    }
+
     /// `Retry-After` in whole seconds, rounded up, never 0.
     pub fn retry_after_secs(&self) -> u64 {
         let nanos = self.retry_after.as_nanos();

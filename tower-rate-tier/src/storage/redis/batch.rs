@@ -91,7 +91,6 @@ impl State {
 struct Waiting {
     args: Args,
     attempt: Attempt,
-    bands: usize,
     reply: oneshot::Sender<Result<Decision, StorageError>>,
 }
 
@@ -138,12 +137,7 @@ impl Batcher {
 
 /// Decides `args` through the queue of `inner` (which has a batcher): at
 /// once when no call is in flight, else with a later batch.
-pub(super) fn submit(
-    inner: &Arc<Inner>,
-    batcher: &Batcher,
-    (args, attempt): (Args, Attempt),
-    bands: usize,
-) -> Decide {
+pub(super) fn submit(inner: &Arc<Inner>, batcher: &Batcher, (args, attempt): (Args, Attempt)) -> Decide {
     let mut state = batcher.state();
     if state.in_flight == 0 {
         state.in_flight = 1;
@@ -152,19 +146,14 @@ pub(super) fn submit(
         drop(state);
         let mut turn = Turn::new(inner.clone(), 1);
         return Decide::pending(async move {
-            let call = turn.inner.clone().call((args, attempt), bands);
+            let call = turn.inner.clone().call((args, attempt));
             let decided = handed(&turn.inner, &mut turn.unsent, call).await;
             drop(turn);
             decided
         });
     }
     let (reply, answer) = oneshot::channel();
-    state.queue.push_back(Waiting {
-        args,
-        attempt,
-        bands,
-        reply,
-    });
+    state.queue.push_back(Waiting { args, attempt, reply });
     drop(state);
     let inner = inner.clone();
     Decide::pending(async move {
@@ -320,10 +309,7 @@ async fn flush(mut turn: Turn, mut batch: Vec<Waiting>) {
 async fn send(inner: &Arc<Inner>, batch: Vec<Waiting>) {
     if batch.len() <= 1 {
         for waiting in batch {
-            let decided = inner
-                .clone()
-                .call((waiting.args, waiting.attempt), waiting.bands)
-                .await;
+            let decided = inner.clone().call((waiting.args, waiting.attempt)).await;
             let _ = waiting.reply.send(decided);
         }
         return;

@@ -103,7 +103,7 @@ impl<'a> BatchArgs<'a> {
                 )),
                 None => Err(bad_reply()),
             },
-            other => decode(other, self.items[i].keys.len()),
+            other => decode(other, &self.items[i].spans),
         }
     }
 }
@@ -126,6 +126,7 @@ fn short_decision(reply: i64, [interval, tol, inc]: [u64; 3], now: u64) -> Decis
         remaining: u32::try_from(left / interval.max(1)).unwrap_or(u32::MAX),
         reset_after_ns: used.saturating_mul(1_000),
         retry_after_ns: retry.saturating_mul(1_000),
+        more_after_ns: crate::gcra::next_unit_after(used, interval).saturating_mul(1_000),
     });
     Decision::new(allowed, now.saturating_mul(1_000), states)
 }

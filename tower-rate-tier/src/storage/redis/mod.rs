@@ -382,10 +382,7 @@ impl RedisStorage {
         op: Op,
     ) -> Result<Decision, StorageError> {
         check_bands(bands)?;
-        self.inner
-            .clone()
-            .call(self.inner.args(key, bands, op), bands.len())
-            .await
+        self.inner.clone().call(self.inner.args(key, bands, op)).await
     }
 }
 
@@ -402,11 +399,7 @@ impl Inner {
     }
 
     /// One script call within the timeout.
-    async fn call(
-        self: Arc<Self>,
-        (args, attempt): (Args, Attempt),
-        bands: usize,
-    ) -> Result<Decision, StorageError> {
+    async fn call(self: Arc<Self>, (args, attempt): (Args, Attempt)) -> Result<Decision, StorageError> {
         let call = async {
             match self.script.call(&self.conn, &args, attempt).await {
                 // A refused connection means the command was not sent: it
@@ -422,7 +415,7 @@ impl Inner {
         match tokio::time::timeout(self.timeout, call).await {
             Err(_) => Err(timeout_error(attempt, self.timeout)),
             Ok(Err((attempt, e))) => Err(redis_error(attempt, e)),
-            Ok(Ok(value)) => decode(value, bands),
+            Ok(Ok(value)) => decode(value, &args.spans),
         }
     }
 }
@@ -443,8 +436,8 @@ impl RedisStorage {
     fn send(&self, key: StorageKey<'_>, bands: &[Quota], op: Op) -> Decide {
         let args = self.inner.args(key, bands, op);
         match &self.inner.batch {
-            Some(batcher) => batch::submit(&self.inner, batcher, args, bands.len()),
-            None => Decide::pending(self.inner.clone().call(args, bands.len())),
+            Some(batcher) => batch::submit(&self.inner, batcher, args),
+            None => Decide::pending(self.inner.clone().call(args)),
         }
     }
 }

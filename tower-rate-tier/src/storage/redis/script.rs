@@ -222,7 +222,12 @@ fn refuses_evalsha(e: &RedisError) -> bool {
 
 /// The script's reply: `{allowed, now, (remaining, reset_after, retry_after)
 /// per band}`, times in microseconds.
-pub(super) fn decode(value: Value, bands: usize) -> Result<Decision, StorageError> {
+///
+/// `spans` are the bands' `[interval, tolerance, increment]` the call was
+/// made with: the time until each band has one more unit is counted from its
+/// interval.
+pub(super) fn decode(value: Value, spans: &[[u64; 3]]) -> Result<Decision, StorageError> {
+    let bands = spans.len();
     let bad = bad_reply;
     let Value::Array(items) = value else {
         return Err(bad());
@@ -238,7 +243,8 @@ pub(super) fn decode(value: Value, bands: usize) -> Result<Decision, StorageErro
         *slot = i;
     }
     let mut states = BandStates::new();
-    for band in reply[2..2 + 3 * bands].chunks_exact(3) {
+    for (band, span) in reply[2..2 + 3 * bands].chunks_exact(3).zip(spans) {
+        let used = u64::try_from(band[1]).unwrap_or(0);
         states.push(BandState {
             remaining: if band[0] < 0 {
                 u32::MAX
@@ -247,6 +253,7 @@ pub(super) fn decode(value: Value, bands: usize) -> Result<Decision, StorageErro
             },
             reset_after_ns: micros_to_nanos(band[1]),
             retry_after_ns: micros_to_nanos(band[2]),
+            more_after_ns: crate::gcra::next_unit_after(used, span[0]).saturating_mul(1_000),
         });
     }
     Ok(Decision::new(reply[0] == 1, micros_to_nanos(reply[1]), states))
@@ -273,18 +280,23 @@ mod tests {
 
     #[test]
     fn replies_decode() {
-        let d = decode(ints(&[1, 1_700_000_000_000_000, 4, 1_500, 0, -1, 0, 0]), 2).unwrap();
+        let spans = [[1_000, 5_000, 1_000], [0, 0, 0]];
+        let d = decode(ints(&[1, 1_700_000_000_000_000, 4, 1_500, 0, -1, 0, 0]), &spans).unwrap();
         assert!(d.allowed);
         assert_eq!(d.now, 1_700_000_000_000_000_000);
         assert_eq!(d.bands[0].remaining, 4);
         assert_eq!(d.bands[0].reset_after_ns, 1_500_000);
+        // 1.5 ms used of 1 ms units: the next one is back in 0.5 ms
+        assert_eq!(d.bands[0].more_after_ns, 500_000);
         assert_eq!(d.bands[1].remaining, u32::MAX);
-        let d = decode(ints(&[0, 5, 0, 10, 7]), 1).unwrap();
+        assert_eq!(d.bands[1].more_after_ns, 0);
+        let d = decode(ints(&[0, 5, 0, 10, 7]), &spans[..1]).unwrap();
         assert!(!d.allowed);
         assert_eq!(d.bands[0].retry_after_ns, 7_000);
-        assert!(decode(ints(&[1, 2, 3]), 1).is_err());
-        assert!(decode(Value::Nil, 1).is_err());
-        assert!(decode(Value::Array(vec![Value::Int(1), Value::Nil]), 0).is_err());
+        assert_eq!(d.bands[0].more_after_ns, 10_000);
+        assert!(decode(ints(&[1, 2, 3]), &spans[..1]).is_err());
+        assert!(decode(Value::Nil, &spans[..1]).is_err());
+        assert!(decode(Value::Array(vec![Value::Int(1), Value::Nil]), &[]).is_err());
     }
 
     #[test]

@@ -129,8 +129,8 @@ async fn one_bad_decision_never_fails_its_batch() {
         items[1],
         redis::Value::BulkString(b"ERR tower-rate-tier: bad band arguments".to_vec())
     );
-    let first = decode(items[0].clone(), 1).unwrap();
-    let third = decode(items[2].clone(), 1).unwrap();
+    let first = decode(items[0].clone(), &[[1_000_000; 3]]).unwrap();
+    let third = decode(items[2].clone(), &[[30_000_000, 60_000_000, 30_000_000]]).unwrap();
     assert!(first.allowed && third.allowed);
     assert_eq!((first.bands[0].remaining, third.bands[0].remaining), (0, 1));
     assert_eq!(first.now, third.now, "one TIME per call");
@@ -219,7 +219,7 @@ async fn short_decisions_fail_alone_and_see_the_batchs_own_writes() {
         items[3],
         redis::Value::BulkString(b"ERR tower-rate-tier: bad band arguments".to_vec())
     );
-    let full = decode(items[4].clone(), 1).unwrap();
+    let full = decode(items[4].clone(), &[[1_000_000, 3_000_000, 1_000_000]]).unwrap();
     assert!(full.allowed);
     assert_eq!(full.bands[0].remaining, 2);
     assert_eq!(items[5], redis::Value::Int(-3_000_001), "denied, all three used");

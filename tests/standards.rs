@@ -1,0 +1,257 @@
+//! The rate-limit fields and the 429 body as clients read them: `RateLimit`
+//! and `RateLimit-Policy` parsed with `sfv` (an RFC 9651 Structured Fields
+//! parser), the draft's `t` ("seconds until additional quota is made
+//! available") and its rule that `Retry-After` is never earlier than a
+//! denying policy's `t`, and the `quota-exceeded` problem.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::routing::get;
+use http::{Request, StatusCode};
+use tower_rate_tier::clock::FakeClock;
+use tower_rate_tier::{Quota, RateTier, TierLimitLayer};
+use tower_rate_tier_tests::reply::{Reply, header_identity, send};
+
+const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
+
+/// A field's items as `sfv` decodes them: name and integer parameters.
+/// Panics when the field is not the draft's shape (a List of Strings with
+/// non-negative Integer parameters).
+fn items(value: &str) -> Vec<(String, HashMap<String, i64>)> {
+    let list: sfv::List = sfv::Parser::new(value)
+        .parse()
+        .unwrap_or_else(|e| panic!("{value:?}: {e}"));
+    list.into_iter()
+        .map(|entry| {
+            let sfv::ListEntry::Item(item) = entry else {
+                panic!("an inner list in {value:?}")
+            };
+            let name = item
+                .bare_item
+                .as_string()
+                .expect("a String item")
+                .as_str()
+                .to_owned();
+            let params = item
+                .params
+                .iter()
+                .map(|(k, v)| {
+                    let n = i64::from(v.as_integer().expect("an Integer parameter"));
+                    assert!(n >= 0, "{value:?}");
+                    (k.as_str().to_owned(), n)
+                })
+                .collect();
+            (name, params)
+        })
+        .collect()
+}
+
+fn app(clock: &FakeClock) -> Router {
+    let tiers = RateTier::builder()
+        .tier("free", Quota::per_minute(5))
+        .tier("multi", [Quota::per_second(2), Quota::per_day(1_000)])
+        .tier("day", [Quota::per_second(10), Quota::per_day(3)])
+        .clock(clock.clone())
+        .build();
+    Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(TierLimitLayer::new(tiers).identifier_fn(header_identity))
+}
+
+async fn hit(app: &Router, user: &str, tier: &str) -> Reply {
+    let req = Request::get("/")
+        .header("x-user", user)
+        .header("x-tier", tier)
+        .body(Body::empty())
+        .unwrap();
+    send(app, req).await
+}
+
+/// Every item's `t` (`None` when absent), checked against the policy's names.
+fn ts(r: &Reply) -> Vec<(String, Option<i64>)> {
+    let policy = items(r.header("ratelimit-policy").expect("RateLimit-Policy"));
+    let state = items(r.header("ratelimit").expect("RateLimit"));
+    let names: Vec<&String> = policy.iter().map(|(n, _)| n).collect();
+    assert_eq!(state.iter().map(|(n, _)| n).collect::<Vec<_>>(), names);
+    for (_, params) in &policy {
+        assert!(params.contains_key("q"), "{policy:?}");
+    }
+    state
+        .into_iter()
+        .map(|(name, params)| {
+            assert!(params.contains_key("r"));
+            if let Some(t) = params.get("t") {
+                assert!(*t >= 1, "t is at least 1: {t}");
+            }
+            (name, params.get("t").copied())
+        })
+        .collect()
+}
+
+fn retry_after(r: &Reply) -> u64 {
+    r.header("retry-after")
+        .expect("Retry-After")
+        .parse()
+        .expect("whole seconds")
+}
+
+#[tokio::test]
+async fn t_is_the_time_until_one_more_unit() {
+    let clock = FakeClock::new();
+    let app = app(&clock);
+    // per_minute(5): one unit every 12 s; after each of the first requests
+    // the next unit is 12 s away, not the time until the bucket is full
+    for i in 0..5 {
+        let r = hit(&app, "ada", "free").await;
+        assert_eq!(r.status, StatusCode::OK);
+        let t = ts(&r)[0].1.expect("a band that is not full has a t");
+        assert!(t <= 12, "request {i}: t={t}");
+        assert_eq!(t, 12, "request {i}");
+    }
+    // 5 s on: 7 s to go
+    clock.advance(Duration::from_secs(5));
+    let r = hit(&app, "ada", "free").await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(ts(&r), [("free".to_owned(), Some(7))]);
+    assert_eq!(retry_after(&r), 7);
+    // full again, then one request: one unit, 12 s
+    clock.advance(Duration::from_secs(120));
+    let r = hit(&app, "ada", "free").await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(ts(&r)[0].1, Some(12));
+}
+
+#[tokio::test]
+async fn retry_after_is_never_earlier_than_a_denying_t_and_waiting_it_is_enough() {
+    let clock = FakeClock::new();
+    let app = app(&clock);
+    for tier in ["free", "multi", "day"] {
+        for round in 0..3 {
+            // spend what is left, at one instant
+            let mut admitted = 0;
+            let r = loop {
+                let r = hit(&app, "ada", tier).await;
+                if r.status != StatusCode::OK {
+                    break r;
+                }
+                admitted += 1;
+                assert!(admitted <= 5, "{tier}: never refused");
+            };
+            assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{tier} round {round}");
+            let retry = retry_after(&r);
+            let items = ts(&r);
+            let denying: Vec<&(String, Option<i64>)> = items.iter().filter(|(_, t)| t.is_some()).collect();
+            assert!(!denying.is_empty(), "{tier}: {items:?}");
+            for (name, t) in &denying {
+                assert!(
+                    retry >= t.unwrap() as u64,
+                    "{tier}: {name} t={t:?} > Retry-After {retry}"
+                );
+            }
+            // the body names exactly the items that carry a t (the ones that
+            // refused), as the field's parser decodes them
+            let body = r.json();
+            assert_eq!(body["type"], QUOTA_EXCEEDED);
+            assert_eq!(body["status"], 429);
+            assert_eq!(body["tier"], tier);
+            assert_eq!(body["retry_after"], retry);
+            let named: Vec<&str> = denying.iter().map(|(n, _)| n.as_str()).collect();
+            assert_eq!(body["violated-policies"], serde_json::json!(named), "{tier}");
+            // a client that waits Retry-After is admitted
+            clock.advance(Duration::from_secs(retry));
+            let r = hit(&app, "ada", tier).await;
+            assert_eq!(r.status, StatusCode::OK, "{tier} round {round} after {retry} s");
+        }
+    }
+}
+
+#[tokio::test]
+async fn only_the_band_that_refused_is_violated() {
+    let clock = FakeClock::new();
+    let app = app(&clock);
+    // multi: the per-second band refuses, the daily one has room
+    for _ in 0..2 {
+        hit(&app, "ada", "multi").await;
+    }
+    let r = hit(&app, "ada", "multi").await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(r.json()["violated-policies"], serde_json::json!(["multi.0"]));
+    // the daily band's next unit is far away: no t for it on the 429
+    assert_eq!(
+        ts(&r),
+        [("multi.0".to_owned(), Some(1)), ("multi.1".to_owned(), None)]
+    );
+    assert_eq!(retry_after(&r), 1);
+    // day: three a day; the daily band refuses, the per-second one has room
+    clock.advance(Duration::from_secs(1));
+    for _ in 0..3 {
+        assert_eq!(hit(&app, "bob", "day").await.status, StatusCode::OK);
+    }
+    let r = hit(&app, "bob", "day").await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(r.json()["violated-policies"], serde_json::json!(["day.1"]));
+    assert_eq!(ts(&r)[0], ("day.0".to_owned(), None));
+    assert_eq!(ts(&r)[1], ("day.1".to_owned(), Some(28_800)));
+    assert_eq!(retry_after(&r), 28_800);
+}
+
+#[tokio::test]
+async fn outcomes_expose_the_same_numbers() {
+    let clock = FakeClock::new();
+    let tiers = RateTier::builder()
+        .tier("free", Quota::per_minute(5))
+        .tier("multi", [Quota::per_second(2), Quota::per_day(1_000)])
+        .clock(clock.clone())
+        .build();
+    let info = tiers.check("ada", "free", 1).await.unwrap().unwrap();
+    assert_eq!(info.more_quota_after(), Some(Duration::from_secs(12)));
+    assert_eq!(info.reset_after, Duration::from_secs(12));
+    let info = tiers.check("ada", "free", 1).await.unwrap().unwrap();
+    assert_eq!(info.more_quota_after(), Some(Duration::from_secs(12)));
+    assert_eq!(info.reset_after, Duration::from_secs(24));
+    assert_eq!(info.ratelimit_t_secs().collect::<Vec<_>>(), [Some(12)]);
+    let peek = tiers.check("bob", "free", 0).await.unwrap().unwrap();
+    assert_eq!(peek.more_quota_after(), None, "a full band");
+    tiers.check("ada", "multi", 2).await.unwrap().unwrap();
+    let limited = tiers.check("ada", "multi", 1).await.unwrap().unwrap_err();
+    assert_eq!(limited.ratelimit_t_secs().collect::<Vec<_>>(), [Some(1), None]);
+    assert_eq!(limited.violated_policies().collect::<Vec<_>>(), ["multi.0"]);
+    assert_eq!(limited.retry_after_secs(), 1);
+}
+
+/// A fallback decides with its share of each band: `t` counts from the
+/// share's interval, the quota that decided.
+#[tokio::test]
+async fn t_comes_from_the_quota_that_decided() {
+    use std::sync::Arc;
+    use tower_rate_tier::clock::Clock;
+    use tower_rate_tier::storage::{
+        Decide, Fallback, Op, Storage, StorageError, StorageErrorKind, StorageKey,
+    };
+
+    #[derive(Debug)]
+    struct Down;
+    impl Storage for Down {
+        fn decide(&self, _: StorageKey<'_>, _: &[Quota], _: Op, _: &Arc<dyn Clock>) -> Decide {
+            Decide::ready(Err(StorageError::new(StorageErrorKind::Unavailable, "down")))
+        }
+    }
+    let clock = FakeClock::new();
+    let tiers = RateTier::builder()
+        .tier("free", Quota::per_minute(10))
+        .storage(Fallback::builder(Down).instances(2).build())
+        .clock(clock.clone())
+        .build();
+    // half the quota locally: 5 a minute, one every 12 s (not 6)
+    let info = tiers.check("ada", "free", 1).await.unwrap().unwrap();
+    assert_eq!(info.ratelimit_t_secs().collect::<Vec<_>>(), [Some(12)]);
+    for _ in 0..4 {
+        tiers.check("ada", "free", 1).await.unwrap().unwrap();
+    }
+    let limited = tiers.check("ada", "free", 1).await.unwrap().unwrap_err();
+    assert_eq!(limited.ratelimit_t_secs().collect::<Vec<_>>(), [Some(12)]);
+    assert_eq!(limited.retry_after_secs(), 12);
+}
