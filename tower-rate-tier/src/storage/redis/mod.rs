@@ -202,6 +202,7 @@ mod builder;
 mod error;
 mod keys;
 mod link;
+mod nodes;
 mod script;
 
 use batch::Batcher;
@@ -209,6 +210,7 @@ pub use builder::RedisStorageBuilder;
 use error::{Attempt, redis_error, timeout_error};
 use keys::KeyCodec;
 use link::Conn;
+use nodes::Nodes;
 use script::{Args, SINGLE, Script, decode};
 
 /// The default per-call timeout: 250 ms.
@@ -232,10 +234,19 @@ struct Inner {
     timeout: Duration,
     clock: Option<Arc<dyn Clock>>,
     script: Script,
-    /// The queue of decisions waiting for a batch (single server, batching
-    /// on).
-    batch: Option<Batcher>,
+    /// Where decisions wait for a batch.
+    batching: Batching,
     deny: Option<Arc<DenyTable>>,
+}
+
+/// Where a storage's decisions wait for a batch.
+enum Batching {
+    /// Nowhere: every decision is its own call.
+    Off,
+    /// The queue of the one server.
+    Single(Arc<Batcher>),
+    /// A queue per primary of the Cluster.
+    Cluster(Nodes),
 }
 
 /// The settings [`RedisStorage::from_parts`] takes besides the connection.
@@ -320,14 +331,19 @@ impl RedisStorage {
         &self.inner.keys.prefix
     }
 
-    /// Whether decisions are batched (batching on, and a single server).
+    /// Whether decisions are batched (batching on; on a Cluster, per
+    /// primary).
     pub fn is_batching(&self) -> bool {
-        self.inner.batch.is_some()
+        !matches!(self.inner.batching, Batching::Off)
     }
 
     /// The cap on decisions per batch, when batching.
     pub fn max_batch(&self) -> Option<usize> {
-        self.inner.batch.as_ref().map(Batcher::max)
+        match &self.inner.batching {
+            Batching::Off => None,
+            Batching::Single(batcher) => Some(batcher.max()),
+            Batching::Cluster(nodes) => Some(nodes.max()),
+        }
     }
 
     /// Whether the deny cache is on.
@@ -353,23 +369,28 @@ impl RedisStorage {
     }
 
     fn from_parts(conn: Conn, settings: Settings) -> Self {
-        let batch = match conn {
-            Conn::Single(_) => settings.max_batch.map(Batcher::new),
-            Conn::Cluster(_) => None,
+        let batching = match (&conn, settings.max_batch) {
+            (_, None) => Batching::Off,
+            (Conn::Single(_), Some(max)) => Batching::Single(Arc::new(Batcher::new(max))),
+            (Conn::Cluster(_), Some(max)) => Batching::Cluster(Nodes::new(max)),
         };
-        RedisStorage {
+        let storage = RedisStorage {
             inner: Arc::new(Inner {
                 conn,
                 keys: settings.keys,
                 timeout: settings.timeout,
                 clock: settings.clock,
                 script: Script::new(SINGLE),
-                batch,
+                batching,
                 deny: settings
                     .deny_cache
                     .map(|capacity| Arc::new(DenyTable::new(capacity))),
             }),
+        };
+        if let Batching::Cluster(nodes) = &storage.inner.batching {
+            nodes.refresh(&storage.inner);
         }
+        storage
     }
 
     /// Decides `op` for every band of `key` in one script call, within the
@@ -408,15 +429,24 @@ impl Inner {
         bands: usize,
     ) -> Result<Decision, StorageError> {
         let call = async {
-            match self.script.call(&self.conn, &args, attempt).await {
-                // A refused connection means the command was not sent: it
-                // may be the refusal that an earlier reconnect attempt left
-                // behind (during an outage that has ended since), so one
-                // more try reconnects now rather than failing this decision.
-                Err((_, e)) if e.is_connection_refusal() => {
-                    self.script.call(&self.conn, &args, attempt).await
+            let mut redirected = 0;
+            loop {
+                match self.script.call(&self.conn, &args, attempt, None).await {
+                    // A refused connection means the command was not sent:
+                    // it may be the refusal that an earlier reconnect
+                    // attempt left behind (during an outage that has ended
+                    // since), so one more try reconnects now rather than
+                    // failing this decision.
+                    Err((_, e)) if e.is_connection_refusal() => {
+                        break self.script.call(&self.conn, &args, attempt, None).await;
+                    }
+                    // On a Cluster whose slots move, a redirection that the
+                    // driver's own retry met again (the slot moved on): the
+                    // script did not run, so it is sent again, within the
+                    // timeout.
+                    Err((_, e)) if redirected < MAX_REDIRECTS && moved_on(&e) => redirected += 1,
+                    other => break other,
                 }
-                other => other,
             }
         };
         match tokio::time::timeout(self.timeout, call).await {
@@ -425,6 +455,21 @@ impl Inner {
             Ok(Ok(value)) => decode(value, bands),
         }
     }
+}
+
+/// How many times one decision follows a redirection beyond the driver's
+/// own retry.
+const MAX_REDIRECTS: u32 = 8;
+
+/// A reply that says the command did not run here and names where to
+/// send it (`MOVED`, `ASK`), or asks to send it again (`TRYAGAIN`: a
+/// decision whose keys are split by a slot's move).
+fn moved_on(e: &redis::RedisError) -> bool {
+    use redis::{ErrorKind, ServerErrorKind};
+    matches!(
+        e.kind(),
+        ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask | ServerErrorKind::TryAgain)
+    )
 }
 
 fn check_bands(bands: &[Quota]) -> Result<(), StorageError> {
@@ -442,9 +487,17 @@ impl RedisStorage {
     /// future owns them), and sent at once or with the next batch.
     fn send(&self, key: StorageKey<'_>, bands: &[Quota], op: Op) -> Decide {
         let args = self.inner.args(key, bands, op);
-        match &self.inner.batch {
-            Some(batcher) => batch::submit(&self.inner, batcher, args, bands.len()),
-            None => Decide::pending(self.inner.clone().call(args, bands.len())),
+        let bands = bands.len();
+        match &self.inner.batching {
+            Batching::Single(batcher) => batch::submit(&self.inner, batcher, args, bands),
+            Batching::Cluster(nodes) => match nodes.queue(keys::slot(&args.0.keys[0])) {
+                Some(batcher) => batch::submit(&self.inner, &batcher, args, bands),
+                None => {
+                    nodes.refresh(&self.inner);
+                    Decide::pending(self.inner.clone().call(args, bands))
+                }
+            },
+            Batching::Off => Decide::pending(self.inner.clone().call(args, bands)),
         }
     }
 }
