@@ -28,7 +28,7 @@
 //! charges every band or writes nothing. Every write sets an expiry of the
 //! time until the band is full again (plus 1 ms), so keys vanish on their own.
 //!
-//! **Batching** (on by default on a single server,
+//! **Batching** (on by default,
 //! [`batching`](RedisStorageBuilder::batching)): a decision asked for while
 //! a call of the storage is in flight waits in a queue, and the queue goes
 //! out as one call of a batch script (at most
@@ -45,9 +45,8 @@
 //! flight is sent at once, so light traffic sees no added latency. The
 //! timeout stays per decision (time spent waiting for the batch counts), a
 //! decision whose caller has given up is never sent, and a batch that
-//! failed or timed out is never sent again. **On a Redis Cluster every
-//! decision is its own call** (a batch's keys would span slots; calls are
-//! not routed by slot).
+//! failed or timed out is never sent again. On a Redis Cluster the same
+//! holds per primary (see [Redis Cluster](self#redis-cluster)).
 //!
 //! **Deny cache** (on by default, [`deny_cache`](RedisStorageBuilder::deny_cache)):
 //! after Redis denies a key, the key's band states are kept in process, and
@@ -58,6 +57,47 @@
 //! to clock skew between this process and Redis; a refund made by another
 //! instance is not seen until the entry expires. See
 //! [`DenyCache`](super::DenyCache) for how and why.
+//!
+//! # Redis Cluster
+//!
+//! [`RedisStorage::cluster`] (or [`RedisStorage::with_cluster_client`])
+//! keeps every key of one decision in one hash slot (see [Keys](self#keys)),
+//! so a decision of its own is one script call routed by its keys.
+//!
+//! **Batched per primary**: the storage reads which primary serves which
+//! slot (`CLUSTER SLOTS`, when it starts and again after a slot has moved
+//! or a node failed, at most every 100 ms), and a decision waits in the
+//! queue of the primary that serves its key. Each queue batches as a single
+//! server does: a decision that finds no call of its node in flight is
+//! sent at once, others go out together, at most two calls in flight per
+//! node, in the order asked. A batch holds keys of many slots, which a
+//! call cannot declare (Redis refuses declared keys of different slots with
+//! `CROSSSLOT`), so the batch script takes its keys as arguments and
+//! carries the flag `#!lua flags=allow-cross-slot-keys`. **This needs Redis
+//! 7.0 or later** (or Valkey 7.2 or later). An older server refuses the
+//! script (it cannot read its first line); the storage then logs one
+//! warning and sends every decision on its own, as with
+//! [`batching(false)`](RedisStorageBuilder::batching): nothing fails and
+//! nothing is counted twice, since the refused script never ran.
+//!
+//! **Resharding and failover**: a node refuses a key it does not serve,
+//! and the batch script passes that refusal on for that decision alone; the
+//! storage sends such a decision again on its own, routed by its keys (the
+//! driver follows `MOVED` and `ASK`, and the storage follows a redirection
+//! or a `TRYAGAIN` that the driver's own retry met again, within the
+//! timeout), and reads the slot map again. Nothing refused was counted, so
+//! a move neither loses a charge nor counts one twice. A decision sent
+//! again after its key moved is decided after the other decisions of its
+//! batch. A node that fails fails the calls of its own queue only: the
+//! other primaries' batches go on. With a
+//! [`Fallback`](super::Fallback) over the storage, give it
+//! [`failure_domain`](RedisStorage::failure_domain) (one domain per slot),
+//! and only the failed node's keys are answered locally.
+//!
+//! Measured on a local 3-master cluster (BENCHMARKS.md,
+//! `cargo bench -p redis-compare --bench cluster_compare`): see the
+//! figures there; a lone caller is not slowed, as its decisions go out at
+//! once.
 //!
 //! # Rolling deploys
 //!
@@ -139,7 +179,10 @@
 //! `+time`, `+get`, `+mget`, `+set` and `+del` are the commands the script
 //! itself runs, which Redis checks against the caller's ACL (`+time` is
 //! unused with a [client clock](RedisStorageBuilder::client_clock)). Neither
-//! `SCRIPT LOAD` nor `PING` is needed.
+//! `SCRIPT LOAD` nor `PING` is needed. On a Cluster the user also needs
+//! `+cluster|slots`, which redis-rs's cluster driver already reads; the
+//! storage reads it too, for its batches (without it every decision is its
+//! own call).
 //!
 //! TLS: `rediss://` URLs work once the application enables a TLS feature of
 //! the `redis` crate (`tokio-rustls-comp` or `tokio-native-tls-comp`); for
@@ -164,9 +207,10 @@
 //! cut short by a caller's timeout) and is made again when the runtime that
 //! ran it has ended. A malformed stored value is treated as a fresh state,
 //! never a panic or a permanent deny. On a Cluster, the driver retries a call
-//! once after a redirection (`MOVED`/`ASK`) or a connection error; a retry
-//! after a connection error can, like a timeout, count a request that had
-//! already been counted.
+//! once after a redirection (`MOVED`/`ASK`) or a connection error, and the
+//! storage sends a decision again after a redirection (which never ran)
+//! within the timeout; a retry after a connection error can, like a
+//! timeout, count a request that had already been counted.
 //!
 //! An error's message says what was attempted (`Redis charge failed:
 //! connection refused`, `loading the rate-limit script into Redis (EVAL)
@@ -192,13 +236,14 @@ use redis::aio::ConnectionManager;
 use redis::cluster::ClusterClient;
 
 use super::deny_cache::DenyTable;
-use super::{Decide, Decision, Op, Storage, StorageError, StorageErrorKind, StorageKey};
+use super::{Decide, Op, Storage, StorageError, StorageKey};
 use crate::clock::Clock;
 use crate::quota::Quota;
 
 mod batch;
 mod batch_args;
 mod builder;
+mod call;
 mod error;
 mod keys;
 mod link;
@@ -207,11 +252,11 @@ mod script;
 
 use batch::Batcher;
 pub use builder::RedisStorageBuilder;
-use error::{Attempt, redis_error, timeout_error};
+use call::check_bands;
 use keys::KeyCodec;
 use link::Conn;
 use nodes::Nodes;
-use script::{Args, SINGLE, Script, decode};
+use script::{SINGLE, Script};
 
 /// The default per-call timeout: 250 ms.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
@@ -401,104 +446,12 @@ impl RedisStorage {
         key: StorageKey<'_>,
         bands: &[Quota],
         op: Op,
-    ) -> Result<Decision, StorageError> {
+    ) -> Result<super::Decision, StorageError> {
         check_bands(bands)?;
         self.inner
             .clone()
             .call(self.inner.args(key, bands, op), bands.len())
             .await
-    }
-}
-
-impl Inner {
-    /// The script's keys and arguments for `op` on every band of `key`.
-    fn args(&self, key: StorageKey<'_>, bands: &[Quota], op: Op) -> (Args, Attempt) {
-        let now = self.clock.as_ref().map(|clock| clock.now() / 1_000);
-        let attempt = match op {
-            Op::Charge(0) => Attempt::Peek,
-            Op::Charge(_) => Attempt::Charge,
-            Op::Refund(_) => Attempt::Refund,
-        };
-        (Args::new(&self.keys, key, bands, op, now), attempt)
-    }
-
-    /// One script call within the timeout.
-    async fn call(
-        self: Arc<Self>,
-        (args, attempt): (Args, Attempt),
-        bands: usize,
-    ) -> Result<Decision, StorageError> {
-        let call = async {
-            let mut redirected = 0;
-            loop {
-                match self.script.call(&self.conn, &args, attempt, None).await {
-                    // A refused connection means the command was not sent:
-                    // it may be the refusal that an earlier reconnect
-                    // attempt left behind (during an outage that has ended
-                    // since), so one more try reconnects now rather than
-                    // failing this decision.
-                    Err((_, e)) if e.is_connection_refusal() => {
-                        break self.script.call(&self.conn, &args, attempt, None).await;
-                    }
-                    // On a Cluster whose slots move, a redirection that the
-                    // driver's own retry met again (the slot moved on): the
-                    // script did not run, so it is sent again, within the
-                    // timeout.
-                    Err((_, e)) if redirected < MAX_REDIRECTS && moved_on(&e) => redirected += 1,
-                    other => break other,
-                }
-            }
-        };
-        match tokio::time::timeout(self.timeout, call).await {
-            Err(_) => Err(timeout_error(attempt, self.timeout)),
-            Ok(Err((attempt, e))) => Err(redis_error(attempt, e)),
-            Ok(Ok(value)) => decode(value, bands),
-        }
-    }
-}
-
-/// How many times one decision follows a redirection beyond the driver's
-/// own retry.
-const MAX_REDIRECTS: u32 = 8;
-
-/// A reply that says the command did not run here and names where to
-/// send it (`MOVED`, `ASK`), or asks to send it again (`TRYAGAIN`: a
-/// decision whose keys are split by a slot's move).
-fn moved_on(e: &redis::RedisError) -> bool {
-    use redis::{ErrorKind, ServerErrorKind};
-    matches!(
-        e.kind(),
-        ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask | ServerErrorKind::TryAgain)
-    )
-}
-
-fn check_bands(bands: &[Quota]) -> Result<(), StorageError> {
-    if bands.is_empty() || bands.len() > super::MAX_BANDS {
-        return Err(StorageError::new(
-            StorageErrorKind::Other,
-            "a decision needs 1 to MAX_BANDS bands",
-        ));
-    }
-    Ok(())
-}
-
-impl RedisStorage {
-    /// One decision by Redis: the key names and arguments are made now (the
-    /// future owns them), and sent at once or with the next batch.
-    fn send(&self, key: StorageKey<'_>, bands: &[Quota], op: Op) -> Decide {
-        let args = self.inner.args(key, bands, op);
-        let bands = bands.len();
-        match &self.inner.batching {
-            Batching::Single(batcher) => batch::submit(&self.inner, batcher, args, bands),
-            Batching::Cluster(nodes) => match nodes.queue(keys::slot(&args.0.keys[0])) {
-                Some(batcher) => batch::submit(&self.inner, &batcher, args, bands),
-                None => {
-                    nodes.refresh(&self.inner);
-                    Decide::pending(self.inner.clone().call(args, bands))
-                }
-            },
-            Batching::Off => Decide::pending(self.inner.clone().call(args, bands)),
-        }
     }
 }
 
