@@ -55,6 +55,8 @@ struct Run {
     /// CPU time of this process (the client) during the run, in clock
     /// ticks (1/100 s).
     client_ticks: u64,
+    /// CPU time of the three `redis-server` processes during the run.
+    server_ticks: u64,
 }
 
 impl Run {
@@ -69,11 +71,22 @@ impl Run {
     fn client_us_per_decision(&self) -> f64 {
         self.client_ticks as f64 * 10_000.0 / self.decisions.max(1) as f64
     }
+
+    fn server_cpu_us_per_decision(&self) -> f64 {
+        self.server_ticks as f64 * 10_000.0 / self.decisions.max(1) as f64
+    }
 }
 
-/// utime + stime of this process, in clock ticks (1/100 s).
-fn cpu_ticks() -> u64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+/// utime + stime of the servers' processes, in clock ticks.
+fn server_ticks(cluster: &RedisCluster) -> u64 {
+    let pids = cluster.nodes().iter().filter_map(|n| n.pid());
+    pids.map(|pid| cpu_ticks(&format!("/proc/{pid}/stat"))).sum()
+}
+
+/// utime + stime of the process whose `stat` file is `stat`, in clock
+/// ticks (1/100 s).
+fn cpu_ticks(stat: &str) -> u64 {
+    let stat = std::fs::read_to_string(stat).unwrap_or_default();
     let fields: Vec<u64> = stat
         .rsplit(')')
         .next()
@@ -157,14 +170,15 @@ async fn run(
         }));
     }
     let started = Instant::now();
-    let ticks = cpu_ticks();
+    let (ticks, servers) = (cpu_ticks("/proc/self/stat"), server_ticks(cluster));
     tokio::time::sleep(Duration::from_secs_f64(secs)).await;
     stop.store(true, Ordering::Relaxed);
     for h in handles {
         h.await.expect("a benchmark task panicked");
     }
     let elapsed = started.elapsed().as_secs_f64();
-    let client_ticks = cpu_ticks() - ticks;
+    let client_ticks = cpu_ticks("/proc/self/stat") - ticks;
+    let server_ticks = server_ticks(cluster) - servers;
     let (calls, server_usec) = script_stats(cluster);
     let decisions = count.load(Ordering::Relaxed);
     Run {
@@ -174,6 +188,7 @@ async fn run(
         calls,
         server_usec,
         client_ticks,
+        server_ticks,
     }
 }
 
@@ -203,15 +218,16 @@ async fn main() {
     println!(
         "Redis Cluster (3 primaries, local): checks per second (median of {rounds} rounds of {secs} s; \
          ratio = median of the per-round ratios batched / off; server us = script time per decision \
-         on all nodes from INFO commandstats; client us = this process's CPU time per decision; per \
-         call = decisions per script call)"
+         on all nodes from INFO commandstats (wall time, which a busy machine stretches); server CPU \
+         us = the redis-server processes' CPU time per decision; client us = this process's CPU time \
+         per decision; per call = decisions per script call)"
     );
     println!();
     println!(
-        "| tasks | batched | batching off | ratio | server us: batched | off | client us: batched | off | \
-         per call: batched |"
+        "| tasks | batched | batching off | ratio | server us: batched | off | server CPU us: batched | off \
+         | client us: batched | off | per call: batched |"
     );
-    println!("|------:|------:|------:|------:|------:|------:|------:|------:|------:|");
+    println!("|------:|------:|------:|------:|------:|------:|------:|------:|------:|------:|------:|");
     for tasks in LEVELS {
         let (mut on_runs, mut off_runs, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
         for round in 0..rounds {
@@ -238,12 +254,14 @@ async fn main() {
         }
         let med = |runs: &[Run], f: fn(&Run) -> f64| median(&mut runs.iter().map(f).collect::<Vec<_>>());
         println!(
-            "| {tasks:>5} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} |",
+            "| {tasks:>5} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} |",
             med(&on_runs, |r| r.per_sec),
             med(&off_runs, |r| r.per_sec),
             median(&mut ratios),
             med(&on_runs, Run::server_us_per_decision),
             med(&off_runs, Run::server_us_per_decision),
+            med(&on_runs, Run::server_cpu_us_per_decision),
+            med(&off_runs, Run::server_cpu_us_per_decision),
             med(&on_runs, Run::client_us_per_decision),
             med(&off_runs, Run::client_us_per_decision),
             med(&on_runs, Run::per_call),

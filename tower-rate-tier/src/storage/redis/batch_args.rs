@@ -13,7 +13,8 @@ use crate::gcra::BandState;
 /// The arguments of a batch (see `batch.lua`): every decision's keys, then
 /// the contract, the number of decisions, the time and the band triples of
 /// the short decisions, and per decision its tag (short) or its `ARGV`
-/// (full).
+/// (full). For a Cluster node (`cluster.lua`) no key is declared: the key
+/// count and the keys open the arguments instead.
 pub(super) struct BatchArgs<'a> {
     items: Vec<&'a Args>,
     /// The time of the short decisions.
