@@ -1,7 +1,9 @@
 //! Opportunistic batching: a decision that arrives while the storage's call
 //! is in flight waits in a queue; the queue goes out as one call of the
 //! batch script when a call ends, or as a second call in flight once it
-//! holds its share of the decisions waiting.
+//! holds its share of the decisions waiting. A single server has one
+//! queue, a Redis Cluster one per primary (`nodes.rs`), each as described
+//! here.
 //!
 //! * No timer: a decision that finds no call in flight is sent at once, as
 //!   one ordinary script call, so light traffic sees no added latency and
