@@ -59,7 +59,13 @@ fn batched_decisions_equal_one_call_each_on_a_cluster() {
     let Some(cluster) = own_cluster() else { return };
     let urls = cluster.urls();
     let calls = batched_equal_one_call_each(
-        |prefix| RedisStorage::cluster(urls.clone()).prefix(prefix),
+        // a generous timeout: a decision that timed out on a loaded machine
+        // would fail the comparison, and timeouts are not what it is about
+        |prefix| {
+            RedisStorage::cluster(urls.clone())
+                .prefix(prefix)
+                .timeout(Duration::from_secs(2))
+        },
         || {
             for node in cluster.nodes() {
                 node.cli(&["CONFIG", "RESETSTAT"]);
@@ -300,7 +306,10 @@ async fn slots_moved_under_load_lose_nothing_and_admit_nothing_extra() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_primary_killed_under_load_sends_only_its_keys_to_the_fallback() {
     let Some(mut cluster) = own_cluster() else { return };
-    let timeout = Duration::from_millis(250);
+    // long enough that a loaded machine does not time out the other nodes'
+    // decisions (which would send their slots to the fallback too); the
+    // killed node's decisions fail fast (its port refuses connections)
+    let timeout = Duration::from_secs(1);
     let redis = RedisStorage::cluster(cluster.urls())
         .prefix("trt-kill")
         .timeout(timeout)
