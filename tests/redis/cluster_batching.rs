@@ -16,6 +16,16 @@ use tower_rate_tier_tests::redis::{RedisCluster, cluster, own_cluster};
 use super::batching::batched_equal_one_call_each;
 use super::key;
 
+/// Held by the heavy tests of this module, so that they run one at a time
+/// next to the rest of the suite (which has timing bounds of its own on a
+/// 2-core machine).
+static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// How long each checking task of the load tests pauses between checks:
+/// enough load to meet every move and the kill, without taking the
+/// machine from the tests running beside them.
+const PACE: Duration = Duration::from_millis(1);
+
 /// Concurrent decisions on keys of every node are batched per node, and
 /// each is decided as a call of its own would decide it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -56,6 +66,7 @@ async fn a_cluster_batches_the_decisions_of_each_node() {
 /// decision, and in fewer calls.
 #[test]
 fn batched_decisions_equal_one_call_each_on_a_cluster() {
+    let _heavy = HEAVY.blocking_lock();
     let Some(cluster) = own_cluster() else { return };
     let urls = cluster.urls();
     let calls = batched_equal_one_call_each(
@@ -83,6 +94,7 @@ fn batched_decisions_equal_one_call_each_on_a_cluster() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sixty_four_tasks_with_real_time_keep_the_bound_on_a_cluster() {
     use tower_rate_tier_tests::exactness::{self, Hammer};
+    let _heavy = HEAVY.lock().await;
     let Some(cluster) = cluster() else { return };
     let shared = Quota::per_second(1_000).with_burst(500);
     let own = Quota::per_second(20).with_burst(5);
@@ -177,6 +189,7 @@ fn move_slots(cluster: &RedisCluster, slots: &[u16], from: usize, to: usize) {
 /// lost in a move, none admitted twice), never more than the quota.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn slots_moved_under_load_lose_nothing_and_admit_nothing_extra() {
+    let _heavy = HEAVY.lock().await;
     let Some(cluster) = own_cluster() else { return };
     let cluster = Arc::new(cluster);
     let timeout = Duration::from_millis(250);
@@ -248,7 +261,7 @@ async fn slots_moved_under_load_lose_nothing_and_admit_nothing_extra() {
                 if moving.load(Ordering::Relaxed) {
                     during.fetch_add(1, Ordering::Relaxed);
                 }
-                tokio::task::yield_now().await;
+                tokio::time::sleep(PACE).await;
             }
             (admitted, timeouts, slowest)
         }));
@@ -305,6 +318,7 @@ async fn slots_moved_under_load_lose_nothing_and_admit_nothing_extra() {
 /// Redis (never by the fallback), and no call fails or hangs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_primary_killed_under_load_sends_only_its_keys_to_the_fallback() {
+    let _heavy = HEAVY.lock().await;
     let Some(mut cluster) = own_cluster() else { return };
     // long enough that a loaded machine does not time out the other nodes'
     // decisions (which would send their slots to the fallback too); the
@@ -372,7 +386,7 @@ async fn a_primary_killed_under_load_sends_only_its_keys_to_the_fallback() {
                     let by = usize::from(d.source == DecisionSource::Fallback);
                     seen[owners[u]][by] += 1;
                 }
-                tokio::task::yield_now().await;
+                tokio::time::sleep(PACE).await;
             }
             (seen, slowest)
         }));
