@@ -10,7 +10,7 @@ use tower_rate_tier::clock::{Clock, FakeClock};
 use tower_rate_tier::storage::{Decide, Decision, DecisionSource, Op, RedisStorage, Storage, StorageKey};
 use tower_rate_tier::{CheckError, Quota, RateTier};
 use tower_rate_tier_tests::StorageOps;
-use tower_rate_tier_tests::redis::{RedisServer, cluster};
+use tower_rate_tier_tests::redis::RedisServer;
 
 use super::key;
 
@@ -317,26 +317,6 @@ async fn a_batch_that_times_out_is_never_sent_again() {
     );
 }
 
-/// On a Cluster a batch's keys would span slots (Redis would refuse it
-/// with `CROSSSLOT`): concurrent decisions on keys of every node are each
-/// their own call, and all succeed.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cluster_sends_every_decision_on_its_own() {
-    let Some(cluster) = cluster() else { return };
-    let redis = RedisStorage::cluster(cluster.urls())
-        .prefix("trt-cluster-batch")
-        .connect()
-        .await
-        .unwrap();
-    assert!(!redis.is_batching());
-    let pending: Vec<Decide> = (0..40)
-        .map(|i| redis.check(key("t", &format!("c{i}")), &[Quota::per_minute(5)], 1))
-        .collect();
-    for d in pending {
-        assert_eq!(d.await.unwrap().bands[0].remaining, 4);
-    }
-}
-
 /// One decision asked for in a group.
 #[derive(Debug, Clone)]
 struct Ask {
@@ -404,6 +384,35 @@ fn batched_decisions_equal_one_call_each() {
     let Some(server) = RedisServer::start() else {
         return;
     };
+    let url = server.url();
+    let calls = batched_equal_one_call_each(
+        |prefix| RedisStorage::builder(url.clone()).prefix(prefix),
+        || {
+            server.cli(&["CONFIG", "RESETSTAT"]);
+        },
+        || script_calls(&server),
+    );
+    // the batching storages made fewer calls than decisions
+    assert!(calls.subject < 3 * calls.asked * 3 / 4, "{calls:?}");
+}
+
+/// What [`batched_equal_one_call_each`] counted.
+#[derive(Debug)]
+pub(crate) struct Calls {
+    /// Decisions asked of each storage.
+    pub(crate) asked: u64,
+    /// Script calls the three batching storages made for them.
+    pub(crate) subject: u64,
+}
+
+/// The property of [`batched_decisions_equal_one_call_each`] on the
+/// server(s) of `builder` (a builder for a key prefix): `reset` clears the
+/// servers' command counts, `script_calls` reads them.
+pub(crate) fn batched_equal_one_call_each(
+    builder: impl Fn(&str) -> tower_rate_tier::storage::RedisStorageBuilder,
+    reset: impl Fn(),
+    script_calls: impl Fn() -> u64,
+) -> Calls {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -413,9 +422,8 @@ fn batched_decisions_equal_one_call_each() {
     let fake: Arc<dyn Clock> = Arc::new(clock.clone());
     let (reference, subjects) = runtime.block_on(async {
         let connect = |prefix: &str, batching: bool, max: usize, cache: bool| {
-            RedisStorage::builder(server.url())
+            builder(prefix)
                 .client_clock(clock.clone())
-                .prefix(prefix)
                 .batching(batching)
                 .max_batch(max)
                 .deny_cache(cache)
@@ -432,7 +440,7 @@ fn batched_decisions_equal_one_call_each() {
     let case = AtomicU64::new(0);
     let asked = AtomicU64::new(0);
     let cached = AtomicU64::new(0);
-    server.cli(&["CONFIG", "RESETSTAT"]);
+    reset();
     let config = ProptestConfig {
         cases: 32,
         failure_persistence: None,
@@ -478,18 +486,14 @@ fn batched_decisions_equal_one_call_each() {
             Ok(())
         })?;
     });
-    // the batching storages made fewer calls than decisions, and the deny
-    // cache answered some denials itself (identically, as compared above)
+    // the deny cache answered some denials itself (identically, as
+    // compared above)
     let asked = asked.load(Ordering::Relaxed);
     let cached = cached.load(Ordering::Relaxed);
-    let subject_calls = script_calls(&server) - asked;
+    let subject = script_calls() - asked;
     println!(
-        "{asked} decisions per storage; the 3 batching ones made {subject_calls} calls; {cached} from the deny cache"
-    );
-    assert!(
-        subject_calls < 3 * asked * 3 / 4,
-        "{subject_calls} calls for {} decisions",
-        3 * asked
+        "{asked} decisions per storage; the 3 batching ones made {subject} calls; {cached} from the deny cache"
     );
     assert!(cached > 0);
+    Calls { asked, subject }
 }

@@ -35,7 +35,8 @@
 -- `written` (a key asked for twice in one batch), and a key that a full
 -- decision may have written is read again. When the MGET fails (an ACL
 -- that denies one key, say) each short decision reads its own key with
--- GET, as `redis.lua` does, so a failure stays that decision's.
+-- GET, as `redis.lua` does, so a failure stays that decision's; so does
+-- the script on a Cluster node, whose keys span slots (`cluster.lua`).
 
 if ARGV[1] ~= "trt-batch-2" then
   return redis.error_reply("ERR tower-rate-tier: unknown batch contract")
@@ -109,7 +110,12 @@ local function read_all()
   end
   return true
 end
+-- nil until the first short decision reads; false: key by key (keys of
+-- several slots, see `cluster.lua`)
 local read_together = nil
+if read_one_by_one then
+  read_together = false
+end
 -- key -> its TAT as this call wrote it (a number), or false: written by a
 -- full decision, or a write failed: to be read again
 local written = {}

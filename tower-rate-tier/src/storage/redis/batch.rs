@@ -1,7 +1,9 @@
 //! Opportunistic batching: a decision that arrives while the storage's call
 //! is in flight waits in a queue; the queue goes out as one call of the
 //! batch script when a call ends, or as a second call in flight once it
-//! holds its share of the decisions waiting.
+//! holds its share of the decisions waiting. A single server has one
+//! queue, a Redis Cluster one per primary (`nodes.rs`), each as described
+//! here.
 //!
 //! * No timer: a decision that finds no call in flight is sent at once, as
 //!   one ordinary script call, so light traffic sees no added latency and
@@ -42,10 +44,10 @@ use redis::RedisError;
 use tokio::sync::oneshot;
 
 use super::super::{Decide, Decision, StorageError, StorageErrorKind};
-use super::Inner;
 use super::batch_args::BatchArgs;
 use super::error::{Attempt, redis_error, timeout_error};
-use super::script::{Args, BATCH, Script};
+use super::script::{Args, BATCH, CLUSTER_BATCH, Script};
+use super::{Batching, Inner, keys, nodes};
 
 /// How many calls one storage has in flight at most.
 const MAX_IN_FLIGHT: usize = 2;
@@ -53,10 +55,13 @@ const MAX_IN_FLIGHT: usize = 2;
 /// The default cap on decisions per batch.
 pub(super) const DEFAULT_MAX_BATCH: usize = 128;
 
-/// The queue of one storage.
+/// The queue of one storage on a single server, or of one node of a
+/// Redis Cluster.
 pub(super) struct Batcher {
     max: usize,
     script: Script,
+    /// On a Cluster, the node (`host:port`) whose decisions queue here.
+    node: Option<Box<str>>,
     state: Mutex<State>,
 }
 
@@ -95,11 +100,22 @@ struct Waiting {
 }
 
 impl Batcher {
-    /// Batches of at most `max` decisions (at least 2).
+    /// Batches of at most `max` decisions (at least 2) on a single server.
     pub(super) fn new(max: usize) -> Self {
+        Self::with(max, BATCH, None)
+    }
+
+    /// Batches of at most `max` decisions (at least 2) for the Cluster
+    /// node at `node` (`host:port`).
+    pub(super) fn for_node(max: usize, node: &str) -> Self {
+        Self::with(max, CLUSTER_BATCH, Some(node.into()))
+    }
+
+    fn with(max: usize, source: &'static str, node: Option<Box<str>>) -> Self {
         Batcher {
             max: max.max(2),
-            script: Script::new(BATCH),
+            script: Script::new(source),
+            node,
             state: Mutex::new(State {
                 in_flight: 0,
                 flying: 0,
@@ -112,6 +128,11 @@ impl Batcher {
     /// The cap on decisions per batch.
     pub(super) fn max(&self) -> usize {
         self.max
+    }
+
+    /// On a Cluster, the node whose decisions queue here.
+    pub(super) fn node(&self) -> Option<&str> {
+        self.node.as_deref()
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -137,17 +158,17 @@ impl Batcher {
 
 /// Decides `args` through the queue of `inner` (which has a batcher): at
 /// once when no call is in flight, else with a later batch.
-pub(super) fn submit(inner: &Arc<Inner>, batcher: &Batcher, (args, attempt): (Args, Attempt)) -> Decide {
+pub(super) fn submit(inner: &Arc<Inner>, batcher: &Arc<Batcher>, (args, attempt): (Args, Attempt)) -> Decide {
     let mut state = batcher.state();
     if state.in_flight == 0 {
         state.in_flight = 1;
         state.flying = 1;
         state.unsent = true;
         drop(state);
-        let mut turn = Turn::new(inner.clone(), 1);
+        let mut turn = Turn::new(inner.clone(), batcher.clone(), 1);
         return Decide::pending(async move {
             let call = turn.inner.clone().call((args, attempt));
-            let decided = handed(&turn.inner, &mut turn.unsent, call).await;
+            let decided = handed(&turn.batcher, &mut turn.unsent, call).await;
             drop(turn);
             decided
         });
@@ -155,9 +176,9 @@ pub(super) fn submit(inner: &Arc<Inner>, batcher: &Batcher, (args, attempt): (Ar
     let (reply, answer) = oneshot::channel();
     state.queue.push_back(Waiting { args, attempt, reply });
     drop(state);
-    let inner = inner.clone();
+    let (inner, batcher) = (inner.clone(), batcher.clone());
     Decide::pending(async move {
-        spread(&inner);
+        spread(&inner, &batcher);
         match tokio::time::timeout(inner.timeout, answer).await {
             Err(_) => Err(timeout_error(attempt, inner.timeout)),
             Ok(Ok(decided)) => decided,
@@ -172,10 +193,7 @@ pub(super) fn submit(inner: &Arc<Inner>, batcher: &Batcher, (args, attempt): (Ar
 /// Sends the queue as a call of its own when there is room for one more
 /// call in flight and the queue holds its share (see [`State::ready`]),
 /// rather than after a call in flight.
-fn spread(inner: &Arc<Inner>) {
-    let Some(batcher) = inner.batch.as_ref() else {
-        return;
-    };
+fn spread(inner: &Arc<Inner>, batcher: &Arc<Batcher>) {
     let mut state = batcher.state();
     if state.in_flight == 0 || state.in_flight >= MAX_IN_FLIGHT || !state.ready(false, batcher.max) {
         return;
@@ -189,17 +207,17 @@ fn spread(inner: &Arc<Inner>) {
     }
     state.in_flight += 1;
     drop(state);
-    let turn = Turn::new(inner.clone(), batch.len());
+    let turn = Turn::new(inner.clone(), batcher.clone(), batch.len());
     runtime.spawn(flush(turn, batch));
 }
 
 /// Runs `call`, the call of a turn, and notes after its first poll (which
 /// hands its command to the connection, or ends it) that the next call may
 /// take decisions.
-async fn handed<F: Future>(inner: &Inner, unsent: &mut bool, call: F) -> F::Output {
+async fn handed<F: Future>(batcher: &Batcher, unsent: &mut bool, call: F) -> F::Output {
     let mut call = pin!(call);
     let first = poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
-    handed_over(inner, unsent);
+    handed_over(batcher, unsent);
     match first {
         Poll::Ready(output) => output,
         Poll::Pending => call.await,
@@ -208,11 +226,9 @@ async fn handed<F: Future>(inner: &Inner, unsent: &mut bool, call: F) -> F::Outp
 
 /// Notes that a turn's call has been handed to the connection (or given
 /// up): the next call may take decisions.
-fn handed_over(inner: &Inner, unsent: &mut bool) {
+fn handed_over(batcher: &Batcher, unsent: &mut bool) {
     if std::mem::take(unsent) {
-        if let Some(batcher) = inner.batch.as_ref() {
-            batcher.state().unsent = false;
-        }
+        batcher.state().unsent = false;
     }
 }
 
@@ -220,6 +236,7 @@ fn handed_over(inner: &Inner, unsent: &mut bool) {
 /// it.
 struct Turn {
     inner: Arc<Inner>,
+    batcher: Arc<Batcher>,
     size: usize,
     held: bool,
     /// Its call has taken decisions but not been handed to the connection.
@@ -228,9 +245,10 @@ struct Turn {
 
 impl Turn {
     /// The turn of a call that has just taken `size` decisions.
-    fn new(inner: Arc<Inner>, size: usize) -> Self {
+    fn new(inner: Arc<Inner>, batcher: Arc<Batcher>, size: usize) -> Self {
         Turn {
             inner,
+            batcher,
             size,
             held: true,
             unsent: true,
@@ -240,7 +258,7 @@ impl Turn {
     /// The next batch to send after this turn's call, or `None` after
     /// giving the turn back (see [`State::ready`]).
     fn next(&mut self) -> Option<Vec<Waiting>> {
-        let batcher = self.inner.batch.as_ref()?;
+        let batcher = &*self.batcher;
         let mut state = batcher.state();
         state.flying -= std::mem::take(&mut self.size);
         let alone = state.in_flight == 1;
@@ -262,14 +280,14 @@ impl Drop for Turn {
     /// A finished (or abandoned) call passes the turn to a task that sends
     /// what has queued meanwhile.
     fn drop(&mut self) {
-        handed_over(&self.inner, &mut self.unsent);
+        handed_over(&self.batcher, &mut self.unsent);
         if !self.held {
             return;
         }
         let Some(batch) = self.next() else {
             return;
         };
-        let mut next = Turn::new(self.inner.clone(), self.size);
+        let mut next = Turn::new(self.inner.clone(), self.batcher.clone(), self.size);
         (self.held, self.unsent) = (false, false);
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
@@ -279,13 +297,11 @@ impl Drop for Turn {
                 // No runtime to send on: every queued caller gets an error
                 // (its sender dropped) and the turn is given back.
                 next.held = false;
-                handed_over(&next.inner, &mut next.unsent);
-                if let Some(batcher) = next.inner.batch.as_ref() {
-                    let mut state = batcher.state();
-                    state.queue.clear();
-                    state.flying -= next.size;
-                    state.in_flight -= 1;
-                }
+                handed_over(&next.batcher, &mut next.unsent);
+                let mut state = next.batcher.state();
+                state.queue.clear();
+                state.flying -= next.size;
+                state.in_flight -= 1;
             }
         }
     }
@@ -295,8 +311,13 @@ impl Drop for Turn {
 async fn flush(mut turn: Turn, mut batch: Vec<Waiting>) {
     loop {
         batch.retain(|waiting| !waiting.reply.is_closed());
-        let Turn { inner, unsent, .. } = &mut turn;
-        handed(inner, unsent, send(inner, batch)).await;
+        let Turn {
+            inner,
+            batcher,
+            unsent,
+            ..
+        } = &mut turn;
+        handed(batcher, unsent, send(inner, batcher, batch)).await;
         match turn.next() {
             Some(next) => batch = next,
             None => return,
@@ -305,25 +326,30 @@ async fn flush(mut turn: Turn, mut batch: Vec<Waiting>) {
 }
 
 /// One call for `batch`: the single script for one decision, the batch
-/// script for more; every caller gets its answer.
-async fn send(inner: &Arc<Inner>, batch: Vec<Waiting>) {
+/// script for more; every caller gets its answer. On a Cluster the batch
+/// goes to the primary of its first decision's slot (the node of this
+/// queue, unless that slot has moved since), and a decision whose key that
+/// node does not serve (it moved, or is moving) is sent again alone, routed
+/// by its keys, once the others are answered.
+async fn send(inner: &Arc<Inner>, batcher: &Batcher, batch: Vec<Waiting>) {
     if batch.len() <= 1 {
-        for waiting in batch {
-            let decided = inner.clone().call((waiting.args, waiting.attempt)).await;
-            let _ = waiting.reply.send(decided);
-        }
-        return;
+        return alone(inner, batch).await;
     }
-    let Some(batcher) = inner.batch.as_ref() else {
-        return;
+    let nodes = match &inner.batching {
+        Batching::Cluster(nodes) => Some(nodes),
+        Batching::Off | Batching::Single(_) => None,
     };
-    let args = BatchArgs::new(batch.iter().map(|waiting| &waiting.args).collect());
+    let args = BatchArgs::new(
+        batch.iter().map(|waiting| &waiting.args).collect(),
+        nodes.is_some(),
+    );
+    let to = nodes.map(|_| keys::slot(&batch[0].args.keys[0]));
     let call = async {
         // `Charge` stands for "each decision's own attempt" in what fails.
-        match batcher.script.call(&inner.conn, &args, Attempt::Charge).await {
+        match batcher.script.call(&inner.conn, &args, Attempt::Charge, to).await {
             // Not sent (see `Inner::call`): one more try.
             Err((_, e)) if e.is_connection_refusal() => {
-                batcher.script.call(&inner.conn, &args, Attempt::Charge).await
+                batcher.script.call(&inner.conn, &args, Attempt::Charge, to).await
             }
             other => other,
         }
@@ -337,18 +363,45 @@ async fn send(inner: &Arc<Inner>, batch: Vec<Waiting>) {
                     .send(Err(timeout_error(waiting.attempt, inner.timeout)));
             }
         }
-        Ok(Err((step, error))) => fail_all(batch, step, &error),
+        Ok(Err((step, error))) => match nodes {
+            // A server older than the script (it never ran): every
+            // decision its own call from now on.
+            Some(nodes) if nodes::refuses_script(&error) => {
+                nodes.refuse();
+                drop(args);
+                alone(inner, batch).await;
+            }
+            Some(nodes) => {
+                // the node may be gone, its slots served elsewhere soon
+                nodes.refresh(inner);
+                fail_all(batch, step, &error);
+            }
+            None => fail_all(batch, step, &error),
+        },
         Ok(Ok(value)) => match args.split(value) {
             Some((replies, now)) => {
                 let decided: Vec<_> = replies
                     .into_iter()
                     .zip(&batch)
                     .enumerate()
-                    .map(|(i, (reply, waiting))| args.decode(i, reply, now, waiting.attempt))
+                    .map(|(i, (reply, waiting))| {
+                        let moved = nodes.is_some() && nodes::relocated(&reply);
+                        (!moved).then(|| args.decode(i, reply, now, waiting.attempt))
+                    })
                     .collect();
                 drop(args);
+                let mut moved = Vec::new();
                 for (waiting, decided) in batch.into_iter().zip(decided) {
-                    let _ = waiting.reply.send(decided);
+                    match decided {
+                        Some(decided) => {
+                            let _ = waiting.reply.send(decided);
+                        }
+                        None => moved.push(waiting),
+                    }
+                }
+                if let (Some(nodes), false) = (nodes, moved.is_empty()) {
+                    nodes.refresh(inner);
+                    alone(inner, moved).await;
                 }
             }
             None => {
@@ -361,6 +414,18 @@ async fn send(inner: &Arc<Inner>, batch: Vec<Waiting>) {
                 }
             }
         },
+    }
+}
+
+/// Each decision of `batch` as a call of its own, in order (on a Cluster
+/// routed by its keys: the driver follows `MOVED` and `ASK`).
+async fn alone(inner: &Arc<Inner>, batch: Vec<Waiting>) {
+    for waiting in batch {
+        if waiting.reply.is_closed() {
+            continue;
+        }
+        let decided = inner.clone().call((waiting.args, waiting.attempt)).await;
+        let _ = waiting.reply.send(decided);
     }
 }
 

@@ -13,7 +13,8 @@ use crate::gcra::BandState;
 /// The arguments of a batch (see `batch.lua`): every decision's keys, then
 /// the contract, the number of decisions, the time and the band triples of
 /// the short decisions, and per decision its tag (short) or its `ARGV`
-/// (full).
+/// (full). For a Cluster node (`cluster.lua`) no key is declared: the key
+/// count and the keys open the arguments instead.
 pub(super) struct BatchArgs<'a> {
     items: Vec<&'a Args>,
     /// The time of the short decisions.
@@ -22,6 +23,9 @@ pub(super) struct BatchArgs<'a> {
     triples: SmallVec<[[u64; 3]; 4]>,
     /// Per decision: its triple (1-based) when short, 0 when full.
     short: Vec<u8>,
+    /// The keys go as arguments (`cluster.lua`: a Cluster node's batch,
+    /// whose keys span slots).
+    keys_as_args: bool,
 }
 
 /// The tags of short decisions: `s<j>` names triple `j`.
@@ -33,8 +37,9 @@ impl<'a> BatchArgs<'a> {
     /// Decisions `items`, in order. A charge of one limited band is short
     /// when it shares the first such decision's time (always, with the
     /// server's `TIME`) and its triple is one of the first [`TAGS`] distinct
-    /// ones; any other decision is full.
-    pub(super) fn new(items: Vec<&'a Args>) -> Self {
+    /// ones; any other decision is full. `keys_as_args` for the batch of
+    /// a Cluster node (`cluster.lua`).
+    pub(super) fn new(items: Vec<&'a Args>, keys_as_args: bool) -> Self {
         let mut now = None;
         let mut first = true;
         let mut triples = SmallVec::new();
@@ -64,6 +69,7 @@ impl<'a> BatchArgs<'a> {
             now,
             triples,
             short,
+            keys_as_args,
         }
     }
 
@@ -141,6 +147,9 @@ impl CallArgs for BatchArgs<'_> {
     }
 
     fn push(&self, cmd: &mut Cmd) {
+        if self.keys_as_args {
+            cmd.arg(0);
+        }
         cmd.arg(self.key_count());
         for args in &self.items {
             for key in &args.keys {

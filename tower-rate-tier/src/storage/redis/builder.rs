@@ -115,8 +115,8 @@ impl RedisStorageBuilder {
     /// Whether decisions that arrive while a call is in flight go out
     /// together as one call (default on; see [How a decision is
     /// made](super#how-a-decision-is-made)). Off: one script call per
-    /// decision. Ignored on a Redis Cluster, where every decision is its own
-    /// call.
+    /// decision. On a Redis Cluster, per primary (Redis 7.0 or later; see
+    /// [Redis Cluster](super#redis-cluster)).
     pub fn batching(mut self, on: bool) -> Self {
         self.batching = on;
         self

@@ -125,6 +125,43 @@ pub(super) fn push_band(key: &mut KeyBuf, quota: &Quota, name: BandName) {
     }
 }
 
+/// The Redis Cluster hash slot of a key this codec made: CRC16 (XMODEM)
+/// of its hash tag, the text between its first `{` and the `}` after it
+/// (the whole key when there is none, as Redis does), modulo 16384.
+pub(super) fn slot(key: &[u8]) -> u16 {
+    let tagged = key.iter().position(|&b| b == b'{').and_then(|open| {
+        let rest = &key[open + 1..];
+        let close = rest.iter().position(|&b| b == b'}')?;
+        (close > 0).then(|| &rest[..close])
+    });
+    let mut crc: u16 = 0;
+    for &byte in tagged.unwrap_or(key) {
+        crc = (crc << 8) ^ CRC16[usize::from((crc >> 8) as u8 ^ byte)];
+    }
+    crc & 0x3fff
+}
+
+/// CRC16-XMODEM (polynomial 0x1021) by byte, as Redis Cluster uses it.
+const CRC16: [u16; 256] = {
+    let mut table = [0u16; 256];
+    let mut i = 0;
+    while i < 256 {
+        let mut crc = (i as u16) << 8;
+        let mut bit = 0;
+        while bit < 8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+            bit += 1;
+        }
+        table[i] = crc;
+        i += 1;
+    }
+    table
+};
+
 /// Appends `b<index>`: band names by position, which this storage no longer
 /// reads or writes (see `RedisStorage::key_for`).
 pub(super) fn push_index(key: &mut KeyBuf, band: usize) {
@@ -240,6 +277,29 @@ mod tests {
         assert!(KeyCodec::new("app:v2", None).is_ok());
         let err = KeyCodec::new("app", Some(b"")).err().unwrap();
         assert!(err.to_string().contains("hash secret is empty"), "{err}");
+    }
+
+    #[test]
+    fn slots_are_redis_cluster_hash_slots() {
+        // `CLUSTER KEYSLOT` of each, and the CRC16-XMODEM check value
+        assert_eq!(slot(b"a"), 15495);
+        assert_eq!(slot(b"b"), 3300);
+        assert_eq!(slot(b"123456789"), 0x31c3);
+        assert_eq!(slot(b"x{a}y"), 15495);
+        // an empty tag is no tag: the whole key
+        assert_eq!(slot(b"{}a"), 10875);
+        let codec = KeyCodec::new("t", None).unwrap();
+        let k = StorageKey {
+            namespace: "",
+            tier: "free",
+            user: "u",
+        };
+        let base = codec.base_key(k);
+        assert_eq!(slot(&base), slot(&codec.band_key(k, &Quota::per_day(3))));
+        assert_eq!(
+            slot(&base),
+            slot(&base[base.iter().position(|&b| b == b'{').unwrap() + 1..base.len() - 2])
+        );
     }
 
     #[test]

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use redis::aio::ConnectionManager;
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{Cmd, ErrorKind, RedisError, Value};
 use tokio::sync::watch;
 
@@ -37,8 +38,10 @@ pub(super) enum Stage {
 }
 
 impl Conn {
-    /// Sends `cmd` and reads its reply.
-    pub(super) async fn query(&self, cmd: &Cmd) -> Result<Value, (Stage, RedisError)> {
+    /// Sends `cmd` and reads its reply. On a Cluster it goes to the node
+    /// that serves its keys, or, with `to`, to the primary that serves slot
+    /// `to` (a command whose keys are arguments).
+    pub(super) async fn query(&self, cmd: Cmd, to: Option<u16>) -> Result<Value, (Stage, RedisError)> {
         match self {
             Conn::Single(manager) => {
                 let mut manager = manager.clone();
@@ -48,7 +51,18 @@ impl Conn {
             }
             Conn::Cluster(link) => {
                 let (id, mut conn) = link.connection().await.map_err(|e| (Stage::Connect, e))?;
-                let reply = cmd.query_async(&mut conn).await;
+                let reply = match to {
+                    Some(slot) => {
+                        let route = Route::new(slot, SlotAddr::Master);
+                        let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+                        // a reply that is an error is an error, as for
+                        // `query_async`
+                        conn.route_command(cmd, routing)
+                            .await
+                            .and_then(Value::extract_error)
+                    }
+                    None => cmd.query_async(&mut conn).await,
+                };
                 if let Err(error) = &reply {
                     link.check(id, error);
                 }

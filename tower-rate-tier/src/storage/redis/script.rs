@@ -36,6 +36,19 @@ pub(super) const BATCH: &str = concat!(
     "local function decide(KEYS, ARGV)\n",
     include_str!("redis.lua"),
     "\nend\n",
+    "local read_one_by_one = false\n",
+    include_str!("batch.lua")
+);
+
+/// Many decisions of one Redis Cluster node in one call: `cluster.lua`
+/// (the flag `allow-cross-slot-keys`, Redis 7.0 and later, and the keys as
+/// arguments), then what [`BATCH`] runs.
+pub(super) const CLUSTER_BATCH: &str = concat!(
+    include_str!("cluster.lua"),
+    include_str!("gcra.lua"),
+    "local function decide(KEYS, ARGV)\n",
+    include_str!("redis.lua"),
+    "\nend\n",
     include_str!("batch.lua")
 );
 
@@ -163,11 +176,14 @@ impl Script {
 
     /// One script call (`EVALSHA`, or `EVAL` where needed) for `attempt`;
     /// a failure names the step that failed.
+    /// On a Cluster, `to` names the slot whose primary runs it (see
+    /// [`Conn::query`]).
     pub(super) async fn call(
         &self,
         conn: &Conn,
         args: &impl CallArgs,
         attempt: Attempt,
+        to: Option<u16>,
     ) -> Result<Value, (Attempt, RedisError)> {
         let failed = |step: Attempt| {
             move |(stage, error): (Stage, RedisError)| match stage {
@@ -176,10 +192,10 @@ impl Script {
             }
         };
         if !self.eval_only.load(Ordering::Relaxed) {
-            match conn.query(&self.command(args, true)).await {
+            match conn.query(self.command(args, true), to).await {
                 Err((Stage::Command, e)) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                     return conn
-                        .query(&self.command(args, false))
+                        .query(self.command(args, false), to)
                         .await
                         .map_err(failed(Attempt::LoadScript));
                 }
@@ -190,7 +206,7 @@ impl Script {
                 other => return other.map_err(failed(attempt)),
             }
         }
-        conn.query(&self.command(args, false))
+        conn.query(self.command(args, false), to)
             .await
             .map_err(failed(attempt))
     }

@@ -4,6 +4,7 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 
+use super::script::decode;
 use super::*;
 use crate::clock::FakeClock;
 use crate::storage::MemoryStorage;

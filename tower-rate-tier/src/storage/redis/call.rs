@@ -1,0 +1,101 @@
+//! One decision on its way to Redis: its keys and arguments, the queue it
+//! waits in (the server's, a Cluster primary's, or none), and one script
+//! call of its own within the timeout.
+
+use std::sync::Arc;
+
+use super::super::{Decide, Decision, Op, StorageError, StorageErrorKind, StorageKey};
+use super::error::{Attempt, redis_error, timeout_error};
+use super::script::{Args, decode};
+use super::{Batching, Inner, RedisStorage, batch, keys};
+use crate::quota::Quota;
+
+impl Inner {
+    /// The script's keys and arguments for `op` on every band of `key`.
+    pub(super) fn args(&self, key: StorageKey<'_>, bands: &[Quota], op: Op) -> (Args, Attempt) {
+        let now = self.clock.as_ref().map(|clock| clock.now() / 1_000);
+        let attempt = match op {
+            Op::Charge(0) => Attempt::Peek,
+            Op::Charge(_) => Attempt::Charge,
+            Op::Refund(_) => Attempt::Refund,
+        };
+        (Args::new(&self.keys, key, bands, op, now), attempt)
+    }
+
+    /// One script call within the timeout.
+    pub(super) async fn call(
+        self: Arc<Self>,
+        (args, attempt): (Args, Attempt),
+    ) -> Result<Decision, StorageError> {
+        let call = async {
+            let mut redirected = 0;
+            loop {
+                match self.script.call(&self.conn, &args, attempt, None).await {
+                    // A refused connection means the command was not sent:
+                    // it may be the refusal that an earlier reconnect
+                    // attempt left behind (during an outage that has ended
+                    // since), so one more try reconnects now rather than
+                    // failing this decision.
+                    Err((_, e)) if e.is_connection_refusal() => {
+                        break self.script.call(&self.conn, &args, attempt, None).await;
+                    }
+                    // On a Cluster whose slots move, a redirection that the
+                    // driver's own retry met again (the slot moved on): the
+                    // script did not run, so it is sent again, within the
+                    // timeout.
+                    Err((_, e)) if redirected < MAX_REDIRECTS && moved_on(&e) => redirected += 1,
+                    other => break other,
+                }
+            }
+        };
+        match tokio::time::timeout(self.timeout, call).await {
+            Err(_) => Err(timeout_error(attempt, self.timeout)),
+            Ok(Err((attempt, e))) => Err(redis_error(attempt, e)),
+            Ok(Ok(value)) => decode(value, &args.spans),
+        }
+    }
+}
+
+/// How many times one decision follows a redirection beyond the driver's
+/// own retry.
+const MAX_REDIRECTS: u32 = 8;
+
+/// A reply that says the command did not run here and names where to
+/// send it (`MOVED`, `ASK`), or asks to send it again (`TRYAGAIN`: a
+/// decision whose keys are split by a slot's move).
+fn moved_on(e: &redis::RedisError) -> bool {
+    use redis::{ErrorKind, ServerErrorKind};
+    matches!(
+        e.kind(),
+        ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask | ServerErrorKind::TryAgain)
+    )
+}
+
+pub(super) fn check_bands(bands: &[Quota]) -> Result<(), StorageError> {
+    if bands.is_empty() || bands.len() > super::super::MAX_BANDS {
+        return Err(StorageError::new(
+            StorageErrorKind::Other,
+            "a decision needs 1 to MAX_BANDS bands",
+        ));
+    }
+    Ok(())
+}
+
+impl RedisStorage {
+    /// One decision by Redis: the key names and arguments are made now (the
+    /// future owns them), and sent at once or with the next batch.
+    pub(super) fn send(&self, key: StorageKey<'_>, bands: &[Quota], op: Op) -> Decide {
+        let args = self.inner.args(key, bands, op);
+        match &self.inner.batching {
+            Batching::Single(batcher) => batch::submit(&self.inner, batcher, args),
+            Batching::Cluster(nodes) => match nodes.queue(keys::slot(&args.0.keys[0])) {
+                Some(batcher) => batch::submit(&self.inner, &batcher, args),
+                None => {
+                    nodes.refresh(&self.inner);
+                    Decide::pending(self.inner.clone().call(args))
+                }
+            },
+            Batching::Off => Decide::pending(self.inner.clone().call(args)),
+        }
+    }
+}
