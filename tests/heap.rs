@@ -197,3 +197,96 @@ fn built_and_dropped_rate_tiers_leave_nothing_behind() {
         "{kept} bytes kept after dropping 10,000 RateTiers"
     );
 }
+
+/// Customers on contracts of their own, and a tier whose quota changes at
+/// run time, cost what their keys cost, and give it back once the keys
+/// expire.
+#[test]
+fn per_customer_contracts_and_quota_changes_cost_like_keys() {
+    use axum::Router;
+    use axum::routing::get;
+    use http::{HeaderMap, Request};
+    use tower::ServiceExt;
+    use tower_rate_tier::clock::FakeClock;
+    use tower_rate_tier::storage::MemoryStorage;
+    use tower_rate_tier::{Quota, RateTier, TierIdentity, TierLimitLayer};
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let runtime = runtime();
+    let clock = FakeClock::new();
+    let storage = MemoryStorage::builder()
+        .gc_interval(Duration::from_secs(3_600))
+        .build();
+    let tiers = RateTier::builder()
+        .tier("free", Quota::per_minute(100))
+        .clock(clock.clone())
+        .storage(storage.clone())
+        .build();
+    // "cust-N" has a contract of its own: 100 a minute, a burst of 100 + N
+    let app = Router::new().route("/", get(|| async { "ok" })).layer(
+        TierLimitLayer::new(tiers.clone()).identifier_fn(|headers: &HeaderMap| {
+            let user = headers.get("x-user")?.to_str().ok()?;
+            let identity = TierIdentity::new(user, "free");
+            Some(match user.strip_prefix("cust-") {
+                Some(n) => {
+                    let n: u32 = n.parse().ok()?;
+                    identity.with_quotas([Quota::per_minute(100).with_burst(100 + n)])
+                }
+                None => identity,
+            })
+        }),
+    );
+    let hit = |user: String| {
+        let app = app.clone();
+        async move {
+            let req = Request::get("/")
+                .header("x-user", user)
+                .body(axum::body::Body::empty())
+                .unwrap();
+            let status = app.oneshot(req).await.unwrap().status();
+            assert_eq!(status, http::StatusCode::OK);
+        }
+    };
+    runtime.block_on(hit("warm".into()));
+    let start = heap::live_bytes();
+    runtime.block_on(async {
+        for i in 0..5_000 {
+            hit(format!("user-{i}")).await;
+        }
+    });
+    let plain = heap::delta(start, heap::live_bytes());
+    let before = heap::live_bytes();
+    runtime.block_on(async {
+        for i in 0..5_000 {
+            hit(format!("cust-{i}")).await;
+        }
+    });
+    let contracts = heap::delta(before, heap::live_bytes());
+    // 3,600 quota changes (a reload every second for an hour), each with a
+    // request of its own
+    let before = heap::live_bytes();
+    runtime.block_on(async {
+        for i in 0..3_600u32 {
+            tiers
+                .set_tier("free", Quota::per_minute(100).with_burst(100 + i))
+                .unwrap();
+            hit(format!("reload-{}", i % 10)).await;
+        }
+    });
+    let reloads = heap::delta(before, heap::live_bytes());
+    println!(
+        "5,000 keys of the tier: {plain} B; 5,000 customers with contracts of their own: {contracts} B; \
+         3,600 quota changes: {reloads} B"
+    );
+    assert!(
+        contracts < 3 * plain.max(1) && contracts < 4 << 20,
+        "{contracts} B for 5,000 contracts, {plain} B for 5,000 keys"
+    );
+    assert!(reloads < 1 << 20, "{reloads} B for 3,600 quota changes");
+    // every key expired and swept: the memory comes back
+    clock.advance(Duration::from_secs(3_600));
+    storage.sweep();
+    assert_eq!(storage.len(), 0);
+    let left = heap::delta(start, heap::live_bytes());
+    println!("after the keys expired: {left} B of it left");
+    assert!(left < (plain + contracts) / 4, "{left} B left after expiry");
+}

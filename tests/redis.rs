@@ -21,6 +21,8 @@ mod fallback;
 mod keys;
 #[path = "redis/layer.rs"]
 mod layer;
+#[path = "redis/outages.rs"]
+mod outages;
 #[path = "redis/own_connection.rs"]
 mod own_connection;
 #[path = "redis/script.rs"]

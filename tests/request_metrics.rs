@@ -465,3 +465,42 @@ fn deny_cache_hits_and_the_fallback_gauge_are_reported() {
     assert_eq!(hits, Some(2));
     assert_eq!(active, Some(1.0));
 }
+
+#[test]
+fn a_tier_added_at_run_time_is_counted_under_its_name() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    // the recorder in force for the layer's build and for the requests, as
+    // a global one is
+    metrics::with_local_recorder(&recorder, || {
+        runtime.block_on(async {
+            let tiers = RateTier::builder()
+                .tier("free", Quota::per_minute(2))
+                .clock(FakeClock::new())
+                .build();
+            let app = app(TierLimitLayer::new(tiers.clone())
+                .identifier_fn(header_identity)
+                .metrics(true));
+            tiers.set_tier("gold", Quota::per_minute(3)).unwrap();
+            for _ in 0..4 {
+                get_as(&app, "/", Some("ada-4711"), "gold").await;
+            }
+            // replaced: the same row
+            tiers.set_tier("gold", Quota::per_minute(4)).unwrap();
+            for _ in 0..4 {
+                get_as(&app, "/", Some("bob-4712"), "gold").await;
+            }
+            // a name no configuration ever had stays `unknown`
+            get_as(&app, "/", Some("eve-4713"), "platinum").await;
+        })
+    });
+    assert_eq!(
+        counted(&collect(&snapshotter)),
+        pairs(&[
+            ("gold", "allowed", 7),
+            ("gold", "limited", 1),
+            ("unknown", "unknown_tier_denied", 1),
+        ])
+    );
+}

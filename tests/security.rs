@@ -182,6 +182,103 @@ async fn a_flood_at_the_key_cap_shares_one_quota_and_nobody_passes_uncounted() {
     assert!(warnings[0].contains("WARN") && warnings[0].contains("max_keys=64"));
 }
 
+#[tokio::test]
+async fn at_the_key_cap_alternating_contracts_share_one_overflow_bucket() {
+    let clock = FakeClock::new();
+    let storage = MemoryStorage::builder().max_keys(1).build();
+    let tiers = RateTier::builder()
+        .tier("free", Quota::per_minute(10))
+        .clock(clock.clone())
+        .storage(storage.clone())
+        .build();
+    // customers on contracts of their own that differ only in burst, in
+    // turn: 10 a minute, with a burst of 10 or 11
+    let app =
+        Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(TierLimitLayer::new(tiers).identifier_fn(|headers: &HeaderMap| {
+                let user = headers.get("x-user")?.to_str().ok()?;
+                let burst = if user.len() % 2 == 0 { 10 } else { 11 };
+                Some(TierIdentity::new(user, "free").with_quotas([Quota::per_minute(10).with_burst(burst)]))
+            }));
+    assert_eq!(send(&app, from("a")).await.status, StatusCode::OK);
+    assert_eq!(storage.len(), 1);
+    let mut admitted = 0;
+    for i in 0..200 {
+        let user = if i % 2 == 0 {
+            format!("new-{i}")
+        } else {
+            format!("new-{i}x")
+        };
+        admitted += u32::from(send(&app, from(&user)).await.status == StatusCode::OK);
+    }
+    println!("alternating contracts at the key cap: {admitted} of 200 new identities admitted");
+    // one bucket of the larger contract at most, never a fresh one per change
+    assert!(admitted <= 11, "{admitted} of 200 new identities admitted");
+    assert!(admitted >= 10, "{admitted}");
+}
+
+/// The memory storage, whose refunds fail.
+#[derive(Debug, Clone, Default)]
+struct RefundsFail(MemoryStorage);
+
+impl Storage for RefundsFail {
+    fn decide(&self, key: StorageKey<'_>, bands: &[Quota], op: Op, clock: &Arc<dyn Clock>) -> Decide {
+        match op {
+            Op::Refund(_) => Decide::ready(Err(StorageError::new(StorageErrorKind::Other, "refunds fail"))),
+            _ => self.0.decide(key, bands, op, clock),
+        }
+    }
+}
+
+#[tokio::test]
+async fn warnings_a_client_causes_on_every_request_are_throttled() {
+    let logs = Captured::default();
+    let _logging = logs.install();
+    let tiers = RateTier::builder()
+        .tier("free", Quota::per_minute(1_000))
+        .storage(RefundsFail::default())
+        .build();
+    // a customer record with five bands (a tier has at most four), and a
+    // route that fails, whose charge is given back
+    let app = Router::new()
+        .route("/", get(|| async { StatusCode::INTERNAL_SERVER_ERROR }))
+        .layer(
+            TierLimitLayer::new(tiers)
+                .identifier_fn(|headers: &HeaderMap| {
+                    let user = headers.get("x-user")?.to_str().ok()?;
+                    let identity = TierIdentity::new(user, "free");
+                    Some(match user {
+                        "five-bands" => identity.with_quotas([
+                            Quota::per_second(10),
+                            Quota::per_minute(100),
+                            Quota::per_hour(1_000),
+                            Quota::per_day(10_000),
+                            Quota::per_week(50_000),
+                        ]),
+                        _ => identity,
+                    })
+                })
+                .refund_on(|status| status.is_server_error()),
+        );
+    for _ in 0..100 {
+        assert_eq!(
+            send(&app, from("five-bands")).await.status,
+            StatusCode::INTERNAL_SERVER_ERROR
+        );
+        assert_eq!(
+            send(&app, from("ada")).await.status,
+            StatusCode::INTERNAL_SERVER_ERROR
+        );
+    }
+    let text = logs.text();
+    let count = |what: &str| text.lines().filter(|l| l.contains(what)).count();
+    // the first of each, then none for 10 s
+    assert_eq!(count("an identity's own quotas were ignored"), 1, "{text}");
+    assert_eq!(count("rate-limit refund failed"), 1, "{text}");
+    assert!(text.lines().filter(|l| l.contains("WARN")).count() <= 3, "{text}");
+}
+
 // ---------------------------------------------------------------- user ids
 
 #[tokio::test]

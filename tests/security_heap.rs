@@ -95,3 +95,57 @@ fn bytes_per_key_grow_with_the_id_and_nothing_else() {
     let id_extra = (MAX_USER_ID_LEN - 12) as f64;
     assert!((extra - id_extra).abs() < 8.0, "{extra:.1} more bytes per key");
 }
+
+/// Allocations of `requests` requests of one user through `app`, after a
+/// first one.
+fn allocations_per_request(app: &Router, user: &str, requests: usize) -> f64 {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let send = |app: Router| {
+        let req = Request::get("/")
+            .header("x-user", user)
+            .body(Body::empty())
+            .unwrap();
+        async move { app.oneshot(req).await.unwrap().status() }
+    };
+    assert_eq!(runtime.block_on(send(app.clone())), StatusCode::OK);
+    let before = stats_alloc::INSTRUMENTED_SYSTEM.stats().allocations;
+    for _ in 0..requests {
+        assert_eq!(runtime.block_on(send(app.clone())), StatusCode::OK);
+    }
+    let after = stats_alloc::INSTRUMENTED_SYSTEM.stats().allocations;
+    (after - before) as f64 / requests as f64
+}
+
+#[test]
+fn a_kept_contract_builds_nothing_per_request() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let tiers = RateTier::builder()
+        .tier("free", Quota::per_minute(1_000_000))
+        .clock(FakeClock::new())
+        .build();
+    // the identifier keeps each customer's identity (as a cache in front of
+    // a customer database does) and hands out clones
+    let contract = TierIdentity::new("acme", "free").with_quotas([Quota::per_minute(2_000_000)]);
+    let app =
+        Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(
+                TierLimitLayer::new(tiers).identifier_fn(move |headers: &http::HeaderMap| {
+                    let user = headers.get("x-user")?.to_str().ok()?;
+                    Some(match user {
+                        "acme" => contract.clone(),
+                        _ => TierIdentity::new(user, "free"),
+                    })
+                }),
+            );
+    let plain = allocations_per_request(&app, "ada", 200);
+    let own = allocations_per_request(&app, "acme", 200);
+    println!("allocations per request: {plain:.1} with the tier's quota, {own:.1} with a kept contract");
+    assert!(
+        own <= plain + 0.5,
+        "{own:.1} allocations per request with a contract, {plain:.1} without"
+    );
+}

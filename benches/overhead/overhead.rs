@@ -5,8 +5,9 @@
 //! `overhead MODE N` with MODE one of `none`, `noop`, `ours`, `governor`,
 //! `governor-plain` (without `use_headers()`), `ours-none` (ours without
 //! rate-limit fields), `fields`, `fields+id` (see
-//! `app`), or `core-ours`, `core-governor`, `core-ab ROUNDS` for the bare
-//! check.
+//! `app`), `contracts-first`, `contracts-late` (every user on a contract of
+//! its own; `late`: after 20,000 other distinct contracts were decided), or
+//! `core-ours`, `core-governor`, `core-ab ROUNDS` for the bare check.
 
 use std::borrow::Cow;
 use std::future::Future;
@@ -100,6 +101,33 @@ fn app(mode: &str) -> Router {
                 .build();
             router.layer(TierLimitLayer::new(tiers).identifier_fn(identify).metrics(true))
         }
+        // Every user on a contract of its own, kept by the identifier (as a
+        // cache in front of a customer database keeps it) and cloned per
+        // request; "cust-N" users, decided before measuring in
+        // `contracts-late`, each get a new contract.
+        "contracts-first" | "contracts-late" => {
+            let tiers = RateTier::builder()
+                .tier("free", Quota::per_hour(10_000))
+                .default_tier("free")
+                .build();
+            let kept: Vec<TierIdentity> = (0..USERS as u32)
+                .map(|i| {
+                    TierIdentity::new(format!("user-{i}"), "free")
+                        .with_quotas([Quota::per_hour(10_000).with_burst(10_000 + i)])
+                })
+                .collect();
+            let identify = move |headers: &HeaderMap| {
+                let user = headers.get("x-user")?.to_str().ok()?;
+                if let Some(n) = user.strip_prefix("cust-") {
+                    let n: u32 = n.parse().ok()?;
+                    let contract = Quota::per_hour(10_000).with_burst(20_000 + n);
+                    return Some(TierIdentity::new(user, "free").with_quotas([contract]));
+                }
+                let i: usize = user.strip_prefix("user-")?.parse().ok()?;
+                kept.get(i).cloned()
+            };
+            router.layer(TierLimitLayer::new(tiers).identifier_fn(identify))
+        }
         "governor" => {
             let config = GovernorConfigBuilder::default()
                 .per_millisecond(360)
@@ -133,7 +161,8 @@ fn app(mode: &str) -> Router {
                 .map_response(insert_fields),
         ),
         other => panic!(
-            "unknown mode {other}: use none, noop, ours, ours-none, governor, governor-plain, fields or fields+id"
+            "unknown mode {other}: use none, noop, ours, ours-none, governor, governor-plain, fields, fields+id, \
+             contracts-first or contracts-late"
         ),
     }
 }
@@ -310,6 +339,18 @@ fn main() {
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .expect("runtime");
+    if mode == "contracts-late" {
+        // 20,000 distinct contracts decided first (not counted)
+        rt.block_on(async {
+            for i in 0..20_000 {
+                let mut req = Request::new(Body::empty());
+                let user = HeaderValue::from_str(&format!("cust-{i}")).expect("ascii");
+                req.headers_mut().insert("x-user", user);
+                let response = app.clone().oneshot(req).await.expect("infallible");
+                assert_eq!(response.status(), StatusCode::OK);
+            }
+        });
+    }
     let ok = serve(&rt, &app, &users, n);
     assert_eq!(ok, n, "every request must be admitted");
     println!("{mode}: {n} requests admitted");

@@ -37,3 +37,9 @@ for subject in ours governor; do
   a=$(core "$subject" 100000); b=$(core "$subject" 200000)
   printf 'core check, %-8s %6d instructions\n' "$subject" $(( (b - a) / 100000 ))
 done
+# Customers on contracts of their own: the first ones, and the same after
+# 20,000 other distinct contracts (a decision's cost must not grow with them).
+for mode in contracts-first contracts-late; do
+  a=$(count "$mode" "$n"); b=$(count "$mode" $((2 * n)))
+  printf '%-16s %8d instructions added per request\n' "$mode" $(( (b - a) / n - ${per[none]} ))
+done

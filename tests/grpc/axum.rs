@@ -118,3 +118,133 @@ async fn a_buffering_limiter_lets_grpc_streams_through_unbuffered() {
     let refused = call(&channel, CHEAP, "ada", "free").await.unwrap_err();
     assert_eq!(refused.code(), Code::ResourceExhausted);
 }
+
+/// The account is the body's `{"api_key": ..}`; a header `x-api-key` also
+/// identifies (as gRPC metadata would).
+#[derive(Clone, Default)]
+struct KeyInBodyOrHeader;
+
+#[tower_rate_tier::async_trait]
+impl tower_rate_tier::TierIdentifier for KeyInBodyOrHeader {
+    async fn identify(&self, headers: &http::HeaderMap) -> Option<tower_rate_tier::TierIdentity> {
+        api_key(headers)
+    }
+
+    async fn identify_with_body(
+        &self,
+        headers: &http::HeaderMap,
+        body: &Bytes,
+    ) -> Option<tower_rate_tier::TierIdentity> {
+        if let Some(identity) = api_key(headers) {
+            return Some(identity);
+        }
+        let json: serde_json::Value = serde_json::from_slice(body).ok()?;
+        let key = json.get("api_key")?.as_str()?;
+        Some(tower_rate_tier::TierIdentity::new(key, "free"))
+    }
+}
+
+/// 60 requests with the account's key in the body, every other one sent as
+/// `application/grpc`: how many reached the handler.
+async fn body_keyed_requests(limiter: tower_rate_tier::BufferedTierLimitLayer) -> usize {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tower::ServiceExt;
+    let reached = std::sync::Arc::new(AtomicUsize::new(0));
+    let seen = reached.clone();
+    let app = Router::new()
+        .route(
+            "/query",
+            post(move |body: Bytes| async move {
+                seen.fetch_add(1, Ordering::SeqCst);
+                body
+            }),
+        )
+        .layer(limiter);
+    for i in 0..60 {
+        let content_type = if i % 2 == 0 {
+            "application/json"
+        } else {
+            "application/grpc"
+        };
+        let request = Request::post("/query")
+            .header("content-type", content_type)
+            .extension(axum::extract::ConnectInfo(std::net::SocketAddr::from((
+                [10, 0, 0, i as u8],
+                4000,
+            ))))
+            .body(axum::body::Body::from(r#"{"api_key": "acct-1"}"#))
+            .unwrap();
+        let response = app.clone().oneshot(request).await.unwrap();
+        if response.status() != StatusCode::OK || response.headers().contains_key("grpc-status") {
+            assert_eq!(
+                response
+                    .headers()
+                    .get("cache-control")
+                    .map(|v| v.to_str().unwrap()),
+                Some("no-store"),
+                "every refusal is marked no-store: {response:?}"
+            );
+        }
+    }
+    reached.load(Ordering::SeqCst)
+}
+
+#[tokio::test]
+async fn a_grpc_content_type_does_not_switch_body_identification_off() {
+    use tower_rate_tier::OnMissing;
+    // `Allow`: an unidentified request would pass uncounted
+    let tiers = RateTier::builder()
+        .tier("free", Quota::per_minute(5))
+        .on_missing(OnMissing::Allow)
+        .build();
+    let limiter = TierLimitLayer::new(tiers)
+        .identifier(KeyInBodyOrHeader)
+        .buffer_body(true);
+    assert_eq!(body_keyed_requests(limiter).await, 5);
+    // `UseDefault`: an unidentified request would get anonymous quota per
+    // address (one new address per request here)
+    let tiers = RateTier::builder()
+        .tier("free", Quota::per_minute(5))
+        .tier("anonymous", Quota::per_minute(100))
+        .default_tier("anonymous")
+        .build();
+    let limiter = TierLimitLayer::new(tiers)
+        .identifier(KeyInBodyOrHeader)
+        .buffer_body(true);
+    assert_eq!(body_keyed_requests(limiter).await, 5);
+}
+
+#[tokio::test]
+async fn grpc_calls_identified_by_metadata_stream_and_body_refusals_answer_in_grpc() {
+    // bodies are buffered up to 8 bytes: a gRPC call's frame alone is larger
+    let limiter = TierLimitLayer::new(free(Quota::per_minute(1)))
+        .identifier(KeyInBodyOrHeader)
+        .buffer_body(true)
+        .max_body_size(8);
+    let (channel, base) = serve(app().layer(limiter)).await;
+    // identified by its metadata: not buffered, so not too large
+    assert_eq!(
+        call(&channel, CHEAP, "ada", "free").await.unwrap(),
+        "hello from ada"
+    );
+    let refused = call(&channel, CHEAP, "ada", "free").await.unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted);
+    // unidentified by its headers: buffered, and too large, refused as gRPC
+    // refuses (HTTP 200, grpc-status 8), never cached
+    let upload = Request::post(format!("{base}/upload"))
+        .header("content-type", "application/grpc")
+        .body(Full::new(Bytes::from_static(&[b'x'; 64])))
+        .unwrap();
+    let (status, headers, body) = http(upload).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers.get("grpc-status").unwrap(), "8");
+    assert_eq!(headers.get("cache-control").unwrap(), "no-store");
+    assert!(body.is_empty());
+    // the same as plain HTTP: a 413 problem, never cached
+    let upload = Request::post(format!("{base}/upload"))
+        .body(Full::new(Bytes::from_static(&[b'x'; 64])))
+        .unwrap();
+    let (status, headers, _) = http(upload).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(headers.get("cache-control").unwrap(), "no-store");
+}

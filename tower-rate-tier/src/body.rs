@@ -94,6 +94,17 @@ pub(crate) struct Refusal;
 /// A refusal of the limiter as the response of the service it wraps.
 pub(crate) fn refusal<B>(response: Response<Bytes>) -> Response<ResponseBody<B>> {
     let mut response = response.map(ResponseBody::refusal);
+    mark_refusal(&mut response);
+    response
+}
+
+/// Marks `response` as a refusal of the limiter: the [`Refusal`] extension,
+/// and `Cache-Control: no-store` unless it says otherwise (a refusal is
+/// about one client at one moment; no cache may answer it to another).
+pub(crate) fn mark_refusal<B>(response: &mut Response<B>) {
     response.extensions_mut().insert(Refusal);
     response
+        .headers_mut()
+        .entry(http::header::CACHE_CONTROL)
+        .or_insert(http::HeaderValue::from_static("no-store"));
 }

@@ -116,9 +116,12 @@
 //! Server::builder().layer(stack).add_service(..)
 //! ```
 //!
-//! A gRPC request is never buffered for identification:
-//! [`buffer_body(true)`](crate::TierLimitLayer::buffer_body) identifies it
-//! by its headers, so streams flow untouched. A cost declared at the route
+//! A gRPC request whose headers identify it is not buffered:
+//! [`buffer_body(true)`](crate::TierLimitLayer::buffer_body) asks the
+//! identifier for its headers first, so identified streams flow untouched;
+//! one its headers do not identify is buffered and identified from its body
+//! like any other request (no header a client sends turns body
+//! identification off), and body refusals answer in gRPC form. A cost declared at the route
 //! ([`tier_cost`](fn@crate::tier_cost)) is an axum route feature and answers
 //! its refusals as HTTP; price gRPC methods with [`method_cost`] (or any
 //! `cost_fn`), which the limiter charges before the call starts.

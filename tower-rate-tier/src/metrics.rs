@@ -28,7 +28,12 @@
 //! bounded: `tier` is a configured tier name or `unknown` (never what a
 //! client sent), there is no user or key label, and every (tier, outcome)
 //! pair above is registered once, at 0, when the layer is built; a request
-//! increments a ready handle (no key is built, nothing is allocated).
+//! increments a ready handle (no key is built, nothing is allocated). A
+//! tier added at run time ([`RateTier::set_tier`]) is counted under its own
+//! name too: its pairs are registered at its first request, with the
+//! recorder in force then (the global one, once installed), and kept for as
+//! long as the layer lives, so their number is bounded by the tier names
+//! ever configured.
 //!
 //! The counts are the limiter's decisions at the edge, one per request. A
 //! route-level [`tier_cost`](fn@crate::tier_cost) that refuses a request the
@@ -248,10 +253,17 @@ fn row(tier: &str, applies: impl Fn(Outcome) -> bool) -> Row {
 }
 
 /// The request counters of one layer: a row of handles per configured tier
-/// and one for `unknown`, registered when the layer is built.
+/// and one for `unknown`, registered when the layer is built; a tier added
+/// or replaced later gets its row at its first request.
 pub(crate) struct RequestCounters {
+    /// The layer's tiers, which say whether a name missing from `by_name`
+    /// is a tier added since (never a name a client chose).
+    table: RateTier,
     by_name: HashMap<Box<str>, usize, foldhash::fast::RandomState>,
     tiers: Box<[Row]>,
+    /// Rows of tiers added after the layer was built: as many as the names
+    /// ever configured.
+    added: dashmap::DashMap<Box<str>, Row, foldhash::fast::RandomState>,
     unknown: Row,
 }
 
@@ -261,12 +273,14 @@ impl RequestCounters {
     pub(crate) fn new(tiers: &RateTier) -> Self {
         let names = tiers.tier_names();
         RequestCounters {
+            table: tiers.clone(),
             by_name: names
                 .iter()
                 .enumerate()
                 .map(|(i, name)| (name.as_str().into(), i))
                 .collect(),
             tiers: names.iter().map(|name| row(name, Outcome::of_a_tier)).collect(),
+            added: dashmap::DashMap::default(),
             unknown: row(UNKNOWN, |outcome| {
                 !outcome.of_a_tier() && outcome != Outcome::ShadowLimited
             }),
@@ -275,9 +289,30 @@ impl RequestCounters {
 
     /// Counts one request of `tier` (a configured name, else `unknown`).
     pub(crate) fn count(&self, tier: Option<&str>, outcome: Outcome) {
-        let row = tier
-            .and_then(|name| self.by_name.get(name))
-            .map_or(&self.unknown, |&i| &self.tiers[i]);
+        match tier {
+            Some(name) => match self.by_name.get(name) {
+                Some(&i) => self.tiers[i][outcome as usize].increment(1),
+                None => self.count_added(name, outcome),
+            },
+            None => self.unknown[outcome as usize].increment(1),
+        }
+    }
+
+    /// Counts a request of a tier the layer was built without: under its
+    /// name once the tier table has it (its row registered now, with the
+    /// recorder in force), else under `unknown`.
+    #[cold]
+    fn count_added(&self, name: &str, outcome: Outcome) {
+        if let Some(row) = self.added.get(name) {
+            return row[outcome as usize].increment(1);
+        }
+        if self.table.resolve(name).is_none() {
+            return self.unknown[outcome as usize].increment(1);
+        }
+        let row = self
+            .added
+            .entry(name.into())
+            .or_insert_with(|| row(name, Outcome::of_a_tier));
         row[outcome as usize].increment(1);
     }
 

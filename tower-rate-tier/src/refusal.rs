@@ -151,6 +151,7 @@ struct Warnings {
     cost: Throttle,
     check: Throttle,
     refund: Throttle,
+    own_quotas: Throttle,
 }
 
 impl Default for Warnings {
@@ -162,6 +163,7 @@ impl Default for Warnings {
             cost: Throttle::default(),
             check: Throttle::default(),
             refund: Throttle::default(),
+            own_quotas: Throttle::default(),
         }
     }
 }
@@ -314,9 +316,17 @@ impl Refusals {
     }
 
     /// A refund the storage could not make: the request stays over-charged.
-    pub(crate) fn refund_failed(&self, error: &CheckError) {
+    pub(crate) fn refund_failed(&self, error: &dyn fmt::Display) {
         if let Some(skipped) = self.warnings.due(&self.warnings.refund) {
             tracing::warn!(target: "tower_rate_tier", %error, skipped, "rate-limit refund failed");
+        }
+    }
+
+    /// An identity's own quotas are not bands a tier could have: it was
+    /// limited with its tier's.
+    pub(crate) fn own_quotas_ignored(&self, tier: &str, error: &dyn fmt::Display) {
+        if let Some(skipped) = self.warnings.due(&self.warnings.own_quotas) {
+            tracing::warn!(target: "tower_rate_tier", tier, %error, skipped, "an identity's own quotas were ignored");
         }
     }
 

@@ -299,19 +299,20 @@ impl Charge {
         };
         match refund.into_ready() {
             Ok(Ok(_)) => {}
-            Ok(Err(e)) => tracing::warn!(target: "tower_rate_tier", error = %e, "rate-limit refund failed"),
+            Ok(Err(e)) => self.ledger.refusals.refund_failed(&e),
             Err(pending) => match tokio::runtime::Handle::try_current() {
                 Ok(runtime) => {
+                    let ledger = self.ledger.clone();
                     runtime.spawn(async move {
                         if let Err(e) = pending.await {
-                            tracing::warn!(target: "tower_rate_tier", error = %e, "rate-limit refund failed");
+                            ledger.refusals.refund_failed(&e);
                         }
                     });
                 }
-                Err(_) => tracing::warn!(
-                    target: "tower_rate_tier",
-                    "rate-limit refund skipped: the storage waits and no tokio runtime runs here"
-                ),
+                Err(_) => self
+                    .ledger
+                    .refusals
+                    .refund_failed(&"skipped: the storage waits and no tokio runtime runs here"),
             },
         }
     }

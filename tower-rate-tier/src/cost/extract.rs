@@ -21,7 +21,7 @@ impl<S: Send + Sync, const N: u32> axum::extract::FromRequestParts<S> for TierCo
             Ok(()) => Ok(TierCostGuard),
             Err(refusal) => {
                 let mut refusal = refusal.map(axum::body::Body::from);
-                refusal.extensions_mut().insert(crate::body::Refusal);
+                crate::body::mark_refusal(&mut refusal);
                 Err(refusal)
             }
         }

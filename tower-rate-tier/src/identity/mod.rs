@@ -149,6 +149,7 @@
 
 mod client_addr;
 mod forwarded;
+mod own;
 
 pub use client_addr::ProxyHeader;
 pub(crate) use client_addr::{ANONYMOUS_PREFIX, ClientAddrs};
@@ -168,6 +169,7 @@ use std::sync::Arc;
 
 use crate::quota::{IntoQuotas, Quota};
 use crate::tier::IntoTierName;
+pub(crate) use own::OwnQuotas;
 
 /// A client's identity: a user id and the name of their tier, and
 /// optionally quotas of its own ([`with_quotas`](Self::with_quotas)).
@@ -180,7 +182,7 @@ pub struct TierIdentity {
     pub user_id: String,
     /// The tier's name.
     pub tier: Cow<'static, str>,
-    quotas: Option<Arc<[Quota]>>,
+    quotas: Option<Arc<OwnQuotas>>,
 }
 
 impl TierIdentity {
@@ -208,12 +210,17 @@ impl TierIdentity {
     /// assert_eq!(contract.quotas(), Some(&[Quota::per_hour(50_000)][..]));
     /// ```
     pub fn with_quotas(mut self, quotas: impl IntoQuotas) -> Self {
-        self.quotas = Some(quotas.into_quotas().into());
+        self.quotas = Some(Arc::new(OwnQuotas::new(quotas.into_quotas())));
         self
     }
 
     /// The identity's own bands, if it has any.
     pub fn quotas(&self) -> Option<&[Quota]> {
+        self.quotas.as_deref().map(OwnQuotas::bands)
+    }
+
+    /// The identity's own bands with what the limiter built of them.
+    pub(crate) fn own_quotas(&self) -> Option<&OwnQuotas> {
         self.quotas.as_deref()
     }
 }

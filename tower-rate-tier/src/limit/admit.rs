@@ -10,9 +10,10 @@ use http::{Extensions, HeaderMap, Method, Request, StatusCode};
 use super::layer::{Identify, Shared};
 use crate::cost::{Charge, ChargeState, Charges, Outcome, RouteKey, Source, TierCost};
 use crate::event::RateLimitEvent;
-use crate::identity::{ANONYMOUS_PREFIX, TierIdentity};
+use crate::identity::{ANONYMOUS_PREFIX, OwnQuotas, TierIdentity};
 use crate::policy::{OnMissing, OnUnknownTier};
 use crate::problem::problem;
+use crate::refusal::Refusals;
 use crate::storage::{Decide, DecisionSource};
 use crate::tier::{CheckError, CheckResult, MAX_USER_ID_LEN, TierEntry, conclude};
 
@@ -28,13 +29,14 @@ pub(crate) enum Admission {
     Refuse(http::Response<bytes::Bytes>),
 }
 
-/// `tier` with an identity's own bands, or `tier` itself when they are not
-/// bands a tier could have.
-fn own_quotas(tier: Arc<TierEntry>, own: &[crate::quota::Quota]) -> Arc<TierEntry> {
-    match TierEntry::own(&tier, own) {
-        Ok(entry) => Arc::new(entry),
+/// `tier` with an identity's own bands (built once per `with_quotas` value),
+/// or `tier` itself when they are not bands a tier could have (a throttled
+/// warning says so).
+fn own_quotas(tier: Arc<TierEntry>, own: &OwnQuotas, refusals: &Refusals) -> Arc<TierEntry> {
+    match own.entry(&tier) {
+        Ok(entry) => entry,
         Err(error) => {
-            tracing::warn!(target: "tower_rate_tier", tier = &*tier.name, %error, "an identity's own quotas were ignored");
+            refusals.own_quotas_ignored(&tier.name, &error);
             tier
         }
     }
@@ -172,8 +174,8 @@ impl Shared {
                     Some(tier) => tier,
                     None => self.unknown_tier(head, &identity)?,
                 };
-                let tier = match identity.quotas() {
-                    Some(own) => own_quotas(tier, own),
+                let tier = match identity.own_quotas() {
+                    Some(own) => own_quotas(tier, own, &self.ledger.refusals),
                     None => tier,
                 };
                 (identity.user_id, tier)

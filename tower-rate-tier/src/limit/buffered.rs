@@ -17,6 +17,15 @@
 //! | stalls longer than the timeout | 408 |
 //! | fails mid-stream | 400 |
 //!
+//! A gRPC request (feature `grpc`) is first identified by its headers
+//! ([`TierIdentifier::identify_parts`](crate::TierIdentifier::identify_parts)):
+//! when they identify it, it is not buffered and streams untouched; when
+//! they do not, it is buffered and identified from its body like any other
+//! request (the identifier is then asked twice), and the refusals above
+//! answer in gRPC form. An identifier given as a closure over the headers
+//! reads no body, and its gRPC requests are never buffered. Every refusal
+//! carries `Cache-Control: no-store`.
+//!
 //! ```
 //! # #[cfg(feature = "axum")]
 //! # #[tokio::main(flavor = "current_thread")]
@@ -148,14 +157,17 @@ impl<S: fmt::Debug> fmt::Debug for BufferedTierLimitService<S> {
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-fn refuse(shared: &Shared, status: StatusCode, detail: &str) -> Response<Bytes> {
+/// A refusal of the body (413, 408, 400), counted, in the request's
+/// protocol (gRPC's for a gRPC request).
+fn refuse(shared: &Shared, request: &http::HeaderMap, status: StatusCode, detail: &str) -> Response<Bytes> {
     #[cfg(feature = "metrics")]
     if let Some(counters) = &shared.metrics {
         counters.count(None, crate::metrics::Outcome::BodyRejected);
     }
-    let _ = shared;
-    problem(status, detail, serde_json::Value::Null)
+    shared.answer(request, problem(status, detail, serde_json::Value::Null))
 }
+
+const TOO_LARGE: &str = "the request body is larger than the limit";
 
 impl<S, ReqB, ResB> Service<Request<ReqB>> for BufferedTierLimitService<S>
 where
@@ -175,24 +187,33 @@ where
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        // A gRPC stream is identified by its headers, never buffered.
+        if !self.buffer {
+            return self.inner.call(req);
+        }
+        // A gRPC stream that its headers identify is not buffered; one they
+        // do not identify is buffered and identified from its body like any
+        // other request. (An identifier without a body method reads headers
+        // only: its gRPC streams are never buffered.)
         #[cfg(feature = "grpc")]
-        let buffer = self.buffer && !crate::grpc::is_grpc(req.headers());
+        let headers_first = crate::grpc::is_grpc(req.headers());
         #[cfg(not(feature = "grpc"))]
-        let buffer = self.buffer;
-        if !buffer {
+        let headers_first = false;
+        if headers_first && !matches!(self.inner.shared.identify, Identify::Async(_)) {
             return self.inner.call(req);
         }
         let limits = self.inner.shared.body;
-        // A body that says it is too large is refused without reading it.
-        if req.body().size_hint().lower() > limits.max as u64
-            || declared_length(&req) > Some(limits.max as u64)
-        {
-            return ResponseFuture::refuse(refuse(
+        // A body that says it is too large is refused without reading it
+        // (a gRPC request only once its headers did not identify it).
+        let declares_too_large = req.body().size_hint().lower() > limits.max as u64
+            || declared_length(&req) > Some(limits.max as u64);
+        if declares_too_large && !headers_first {
+            let refusal = refuse(
                 &self.inner.shared,
+                req.headers(),
                 StatusCode::PAYLOAD_TOO_LARGE,
-                "the request body is larger than the limit",
-            ));
+                TOO_LARGE,
+            );
+            return ResponseFuture::refuse(refusal);
         }
         let (parts, body) = req.into_parts();
         let shared = self.inner.shared.clone();
@@ -203,33 +224,41 @@ where
         // The body is read first; then the request takes the limiter's one
         // serve path, with the identity the body gave.
         ResponseFuture::boxed(Box::pin(async move {
+            if headers_first {
+                let identity = shared.identify(&parts).await;
+                if identity.is_some() {
+                    return serve(shared, inner, Start::Identified(identity), parts, body).await;
+                }
+                if declares_too_large {
+                    let refusal = refuse(&shared, &parts.headers, StatusCode::PAYLOAD_TOO_LARGE, TOO_LARGE);
+                    return Ok(crate::body::refusal(refusal));
+                }
+            }
             let collected =
                 tokio::time::timeout(limits.timeout, Limited::new(body, limits.max).collect()).await;
             let bytes = match collected {
                 Ok(Ok(collected)) => collected.to_bytes(),
-                Ok(Err(error)) if error.downcast_ref::<LengthLimitError>().is_some() => {
-                    let r = refuse(
+                Ok(Err(error)) => {
+                    let (status, detail) = if error.downcast_ref::<LengthLimitError>().is_some() {
+                        (StatusCode::PAYLOAD_TOO_LARGE, TOO_LARGE)
+                    } else {
+                        (StatusCode::BAD_REQUEST, "the request body could not be read")
+                    };
+                    return Ok(crate::body::refusal(refuse(
                         &shared,
-                        StatusCode::PAYLOAD_TOO_LARGE,
-                        "the request body is larger than the limit",
-                    );
-                    return Ok(crate::body::refusal(r));
-                }
-                Ok(Err(_)) => {
-                    let r = refuse(
-                        &shared,
-                        StatusCode::BAD_REQUEST,
-                        "the request body could not be read",
-                    );
-                    return Ok(crate::body::refusal(r));
+                        &parts.headers,
+                        status,
+                        detail,
+                    )));
                 }
                 Err(_) => {
-                    let r = refuse(
+                    let refusal = refuse(
                         &shared,
+                        &parts.headers,
                         StatusCode::REQUEST_TIMEOUT,
                         "the request body was not received in time",
                     );
-                    return Ok(crate::body::refusal(r));
+                    return Ok(crate::body::refusal(refusal));
                 }
             };
             let identity = match &shared.identify {

@@ -2,14 +2,25 @@
 //! fails, with this instance's share of every quota.
 //!
 //! * **Every failed decision is answered.** A decision the primary fails
-//!   with [`StorageErrorKind::Timeout`] or [`StorageErrorKind::Unavailable`]
-//!   is decided by a local [`MemoryStorage`] instead, with each band scaled
-//!   to the configured [share](FallbackBuilder::share) (0.25 when four
-//!   instances share the quota; see [Scaling](#scaling)). The layer sees a
-//!   decision, never the error: no 503 and no fail-open while the primary is
-//!   down. Other errors (a refused command, a full storage) pass through.
-//!   The fallback adds no timeout of its own: the primary must bound its
-//!   decisions (the Redis storage does, by its timeout).
+//!   with [`StorageErrorKind::Timeout`], [`StorageErrorKind::Unavailable`]
+//!   or [`StorageErrorKind::Full`] is decided by a local [`MemoryStorage`]
+//!   instead, with each band scaled to the configured
+//!   [share](FallbackBuilder::share) (0.25 when four instances share the
+//!   quota; see [Scaling](#scaling)). The Redis storage classes every reply
+//!   that means it cannot write (`OOM` of a full server, `READONLY` of a
+//!   replica, `BUSY`, `MASTERDOWN`, `CLUSTERDOWN`, `LOADING`) as
+//!   unavailable. The layer sees a decision, never the error: no 503 and no
+//!   fail-open while the primary is down. Other errors (a refused command,
+//!   a bad reply) pass through. The fallback adds no timeout of its own:
+//!   the primary must bound its decisions (the Redis storage does, by its
+//!   timeout).
+//! * **Only the primary's own answers count.** An answer a wrapper of the
+//!   primary gave without asking it (a cached denial of the Redis storage's
+//!   deny cache, [`DecisionSource::DenyCache`](super::DecisionSource::DenyCache);
+//!   the overflow bucket, [`DecisionSource::Overflow`](super::DecisionSource::Overflow))
+//!   says nothing of the primary: it neither ends an outage nor resets the
+//!   count of failures, and a probe or trial answered that way has not
+//!   reached the primary.
 //! * **Switch.** After [`failures_to_switch`](FallbackBuilder::failures_to_switch)
 //!   consecutive failures (default 3), decisions are answered locally
 //!   without trying the primary, so they cost no timeout.
@@ -23,9 +34,8 @@
 //!   the decision then due goes to the primary itself). No request waits
 //!   for a primary that is still down. Once a probe is answered, the next
 //!   decision goes to the primary as a trial: if the primary decides it,
-//!   every later decision
-//!   goes to the primary again and the local state is discarded, never
-//!   merged into the primary's; if it fails in any way (a server that
+//!   every later decision goes to the primary again (the local state is
+//!   never merged into the primary's); if it fails in any way (a server that
 //!   answers reads but refuses writes, say), that decision is answered
 //!   locally and the next probe waits for the interval. A service without
 //!   traffic sends no probes. Outside a tokio runtime (no task can be
@@ -52,8 +62,12 @@
 //! scaled burst (but not more than the full one) is denied with a 429, as a
 //! spent quota would be; it is never a 403. `X-RateLimit-Limit` still names
 //! the configured burst; `Remaining` and the reset count from the share.
-//! The local state starts empty: during an outage a client gets up to its
-//! share afresh, whatever it had used in the primary.
+//! The local state of an outage starts empty: during an outage a client
+//! gets up to its share, whatever it had used in the primary. An outage
+//! that starts within [`continue_within`](FallbackBuilder::continue_within)
+//! (default five minutes) after the last one ended in the same failure
+//! domain continues the last one's local state, so a primary that flaps
+//! cannot hand out a fresh share per flap.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
@@ -96,7 +110,9 @@ use std::time::Duration;
 use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
 
-use super::{Decide, Decision, MemoryStorage, Op, Storage, StorageError, StorageErrorKind, StorageKey};
+use super::{
+    Decide, Decision, DecisionSource, MemoryStorage, Op, Storage, StorageError, StorageErrorKind, StorageKey,
+};
 use crate::clock::{Clock, Nanos};
 use crate::quota::Quota;
 
@@ -106,6 +122,12 @@ pub const DEFAULT_FAILURES_TO_SWITCH: u32 = 3;
 
 /// The default time between probes of the primary while answering locally.
 pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The default time after an outage ends within which a new one continues
+/// its local state: five minutes, longer than a failover with its flaps
+/// (Sentinel's default `failover-timeout` is three minutes), so a flapping
+/// primary is one outage, not a fresh share per flap.
+pub const DEFAULT_CONTINUE_WITHIN: Duration = Duration::from_secs(300);
 
 mod builder;
 mod local;
@@ -161,10 +183,14 @@ struct Shared {
     share: f64,
     failures_to_switch: u32,
     probe_every: Nanos,
+    continue_within: Nanos,
     domain_of: Option<DomainFn>,
-    /// Only the domains whose last decision failed.
+    /// The domains that failed: those whose last decision of the primary
+    /// failed, and those that recovered (kept for the epoch a new outage
+    /// may continue).
     domains: DashMap<u64, Domain, Hasher>,
-    /// `domains.len()`, read without locking on every decision.
+    /// The domains whose last decision of the primary failed, read without
+    /// locking on every decision.
     troubled: AtomicUsize,
     /// Domains answered locally without trying the primary.
     local_domains: AtomicUsize,
@@ -176,8 +202,11 @@ struct Shared {
 
 #[derive(Debug, Clone, Copy)]
 struct Domain {
+    /// Consecutive failures of the primary; 0 once it answered again.
     failures: u32,
     epoch: u64,
+    /// When the primary last answered after failures (the outage ended).
+    ended: Nanos,
     /// Answering locally; the next probe is due then.
     probe_at: Option<Nanos>,
     /// When the probe of this spell in flight was sent: no other is sent
@@ -247,7 +276,7 @@ impl<S: Storage> Fallback<S> {
         let shared = self.shared.clone();
         let probe = async move {
             let answered = match probe.await {
-                Ok(_) => true,
+                Ok(decision) => decision.source == DecisionSource::Storage,
                 Err(e) => {
                     tracing::debug!(domain, error = %e, "rate-limit storage probe failed");
                     false
@@ -318,15 +347,24 @@ impl Shared {
         trial: bool,
     ) -> Result<Decision, StorageError> {
         match decided {
+            Ok(decision) if decision.source == DecisionSource::Storage => {
+                self.answered(domain, call.now());
+                Ok(decision)
+            }
+            // A wrapper of the primary answered without asking it (a cached
+            // denial, the overflow bucket): it says nothing of the primary,
+            // so it neither ends an outage nor resets the failures.
             Ok(decision) => {
-                self.answered(domain);
+                if trial {
+                    self.retry_trial(domain);
+                }
                 Ok(decision)
             }
             Err(e)
                 if trial
                     || matches!(
                         e.kind(),
-                        StorageErrorKind::Timeout | StorageErrorKind::Unavailable
+                        StorageErrorKind::Timeout | StorageErrorKind::Unavailable | StorageErrorKind::Full
                     ) =>
             {
                 let epoch = self.failed(domain, call.now());
@@ -337,34 +375,64 @@ impl Shared {
         }
     }
 
-    /// The primary answered for `domain`: its failures are forgotten, and it
-    /// is back on the primary if it had switched.
-    fn answered(&self, domain: u64) {
+    /// The primary decided for `domain`: its failures are forgotten, and it
+    /// is back on the primary if it had switched. The domain's epoch is kept
+    /// for an outage that starts again soon.
+    fn answered(&self, domain: u64, now: Nanos) {
         if self.troubled.load(Ordering::Relaxed) == 0 {
             return;
         }
-        let Some((_, state)) = self.domains.remove(&domain) else {
+        let Some(mut state) = self.domains.get_mut(&domain) else {
             return;
         };
+        if state.failures == 0 {
+            return;
+        }
+        let was_local = state.probe_at.is_some();
+        *state = Domain {
+            failures: 0,
+            ended: now,
+            probe_at: None,
+            probing: None,
+            trial: false,
+            ..*state
+        };
+        drop(state);
         self.troubled.fetch_sub(1, Ordering::Relaxed);
-        if state.probe_at.is_some() {
+        if was_local {
             tracing::debug!(domain, "rate-limit storage answers again for this failure domain");
             if self.local_domains.fetch_sub(1, Ordering::Relaxed) == 1 {
-                tracing::info!(
-                    "rate-limit storage answers again: decisions go back to it, local state discarded"
-                );
+                tracing::info!("rate-limit storage answers again: decisions go back to it");
                 self.report(false);
             }
         }
     }
 
+    /// A trial was answered by a wrapper of the primary, not by the
+    /// primary: the next decision of `domain` is the trial.
+    fn retry_trial(&self, domain: u64) {
+        if let Some(mut state) = self.domains.get_mut(&domain) {
+            if state.probe_at.is_some() {
+                state.trial = true;
+            }
+        }
+    }
+
     /// Counts a failure in `domain` (switching it after enough); the epoch
-    /// of its local state.
+    /// of its local state. A domain that recovered less than
+    /// `continue_within` ago continues its last outage's epoch.
     fn failed(&self, domain: u64, now: Nanos) -> u64 {
         let switch_at = now.saturating_add(self.probe_every);
         let (epoch, switched) = match self.domains.entry(domain) {
             Entry::Occupied(mut seen) => {
                 let state = seen.get_mut();
+                if state.failures == 0 {
+                    // A new outage of a domain that recovered.
+                    self.troubled.fetch_add(1, Ordering::Relaxed);
+                    if now.saturating_sub(state.ended) >= self.continue_within {
+                        state.epoch = self.epochs.fetch_add(1, Ordering::Relaxed) + 1;
+                    }
+                }
                 state.failures = state.failures.saturating_add(1);
                 let switched = state.probe_at.is_none() && state.failures >= self.failures_to_switch;
                 if switched {
@@ -379,6 +447,7 @@ impl Shared {
                 new.insert(Domain {
                     failures: 1,
                     epoch,
+                    ended: 0,
                     probe_at: switched.then_some(switch_at),
                     probing: None,
                     trial: false,

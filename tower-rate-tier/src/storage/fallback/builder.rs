@@ -9,7 +9,8 @@ use std::time::Duration;
 use dashmap::DashMap;
 
 use super::{
-    DEFAULT_FAILURES_TO_SWITCH, DEFAULT_PROBE_INTERVAL, DomainFn, Fallback, Hasher, Shared, SwitchFn,
+    DEFAULT_CONTINUE_WITHIN, DEFAULT_FAILURES_TO_SWITCH, DEFAULT_PROBE_INTERVAL, DomainFn, Fallback, Hasher,
+    Shared, SwitchFn,
 };
 use crate::clock::duration_nanos;
 use crate::storage::{MemoryStorage, Storage, StorageKey};
@@ -20,6 +21,7 @@ pub struct FallbackBuilder<S> {
     share: f64,
     failures_to_switch: u32,
     probe_interval: Duration,
+    continue_within: Duration,
     local: Option<MemoryStorage>,
     domains: Option<DomainFn>,
     on_switch: Option<SwitchFn>,
@@ -60,8 +62,23 @@ impl<S: Storage> FallbackBuilder<S> {
         self
     }
 
+    /// How soon after the primary answers again a new outage of the same
+    /// failure domain continues the last one's local state (default
+    /// [`DEFAULT_CONTINUE_WITHIN`], five minutes). A primary that flaps
+    /// (fails one call in two under load, or goes down again a minute after a
+    /// failover) then cannot hand out a fresh share per flap: a user who spent
+    /// its share in one spell finds it spent in the next. An outage that
+    /// starts later starts afresh. `Duration::ZERO` starts every outage
+    /// afresh.
+    pub fn continue_within(mut self, within: Duration) -> Self {
+        self.continue_within = within;
+        self
+    }
+
     /// The local limiter (default `MemoryStorage::new()`: up to 1,000,000
-    /// keys). Its state is discarded each time the primary answers again.
+    /// keys). Its state is never merged into the primary's; an outage that
+    /// starts more than [`continue_within`](Self::continue_within) after the
+    /// last one ended starts from an empty local state.
     pub fn local(mut self, storage: MemoryStorage) -> Self {
         self.local = Some(storage);
         self
@@ -98,6 +115,7 @@ impl<S: Storage> FallbackBuilder<S> {
             share: 1.0,
             failures_to_switch: DEFAULT_FAILURES_TO_SWITCH,
             probe_interval: DEFAULT_PROBE_INTERVAL,
+            continue_within: DEFAULT_CONTINUE_WITHIN,
             local: None,
             domains: None,
             on_switch: None,
@@ -113,6 +131,7 @@ impl<S: Storage> FallbackBuilder<S> {
                 share: self.share,
                 failures_to_switch: self.failures_to_switch,
                 probe_every: duration_nanos(self.probe_interval),
+                continue_within: duration_nanos(self.continue_within),
                 domain_of: self.domains,
                 domains: DashMap::with_hasher(Hasher::default()),
                 troubled: AtomicUsize::new(0),
@@ -131,6 +150,7 @@ impl<S: fmt::Debug> fmt::Debug for FallbackBuilder<S> {
             .field("share", &self.share)
             .field("failures_to_switch", &self.failures_to_switch)
             .field("probe_interval", &self.probe_interval)
+            .field("continue_within", &self.continue_within)
             .field("domains", &self.domains.is_some())
             .field("on_switch", &self.on_switch.is_some())
             .finish_non_exhaustive()

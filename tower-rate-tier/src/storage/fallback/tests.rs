@@ -156,7 +156,25 @@ fn it_switches_after_consecutive_failures_probes_and_returns() {
     );
     assert!(!storage.is_local());
     assert_eq!(*switches.lock().unwrap(), [true, false]);
-    // a new outage starts from a fresh local state (the old one discarded)
+    // a new outage right after the recovery continues the last one's local
+    // state, which "ada" had spent: a flapping primary hands out no fresh
+    // share
+    primary.fail(&[""]);
+    let again = decide(&storage, "ada", &bands, 1, &clock).unwrap();
+    assert_eq!(
+        (again.source, again.allowed, again.bands[0].remaining),
+        (DecisionSource::Fallback, false, 0)
+    );
+    // one that starts longer than `continue_within` after the last one
+    // ended starts from a fresh local state
+    primary.fail(&[]);
+    clock.advance(Duration::from_secs(2));
+    assert_eq!(
+        decide(&storage, "ada", &bands, 1, &clock).unwrap().source,
+        DecisionSource::Storage
+    );
+    assert!(!storage.is_local());
+    clock.advance(DEFAULT_CONTINUE_WITHIN);
     primary.fail(&[""]);
     let fresh = decide(&storage, "ada", &bands, 1, &clock).unwrap();
     assert_eq!(
@@ -284,6 +302,7 @@ fn every_outage_reuses_the_local_scopes_and_its_keys_are_swept() {
     let storage = Fallback::builder(primary.clone())
         .failures_to_switch(1)
         .probe_interval(Duration::from_secs(1))
+        .continue_within(Duration::ZERO)
         .build();
     let bands = [Quota::per_second(10)];
     for _ in 0..20 {
@@ -419,3 +438,5 @@ fn each_switch_is_logged_once() {
         [tracing::Level::WARN, tracing::Level::INFO]
     );
 }
+
+mod flaps;

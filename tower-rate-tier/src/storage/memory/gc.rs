@@ -91,6 +91,7 @@ impl Inner {
             // are shrunk.
             shrink_if_sparse(&scope.single);
             shrink_if_sparse(&scope.multi);
+            scope.release_single_if_empty();
         }
         // Overflow buckets are not counted in `len`.
         self.overflow

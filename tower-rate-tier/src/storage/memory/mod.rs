@@ -30,14 +30,16 @@ const DEFAULT_GC_INTERVAL: Duration = Duration::from_secs(60);
 
 /// GCRA state in this process's memory.
 ///
-/// * One scope per band of a one-band tier (by the band's
-///   [stable name](super::band_names)) or per tier of several bands, of
-///   each limiter (namespace): maps keyed by user id, updated atomically per
-///   key under a DashMap shard lock. A one-band scope holds one TAT per
-///   user; a multi-band scope holds one TAT per band under the band's name,
-///   all decided under the key's one lock (all or nothing). A band keeps its state
-///   across a configuration change that keeps its refill window; a tier
-///   that goes from one band to several, or back, starts afresh.
+/// * One scope per tier of each limiter (namespace): maps keyed by user id,
+///   updated atomically per key under a DashMap shard lock. A user of one
+///   band holds one TAT; a user of several bands holds one TAT per band
+///   under the band's [stable name](super::band_names), all decided under
+///   the key's one lock (all or nothing). A one-band tier keeps its users'
+///   state across any change of its quota; a band of a tier of several
+///   keeps it across a change that keeps its refill window; a tier that
+///   goes from one band to several, or back, starts afresh. Customers with
+///   quotas of their own keep them in their own entries of their tier's
+///   scope: contracts cost what keys cost, whatever their number.
 /// * A decision neither allocates (only a user seen for the first time is
 ///   inserted) nor boxes a future: [`Storage::decide`] answers at once.
 /// * Decisions use the limiter's clock, passed with every call.
@@ -200,7 +202,7 @@ impl MemoryStorage {
         self.inner.sweep()
     }
 
-    /// How many scopes (namespace, tier, band) hold keys.
+    /// How many scopes (namespace, tier) hold keys.
     #[cfg(test)]
     pub(crate) fn scope_count(&self) -> usize {
         self.inner.scopes.all().count()
@@ -244,7 +246,9 @@ impl Inner {
         self.ensure_gc(clock);
         match bands {
             [quota] => self.decide_one(key, quota, op, clock),
-            _ if bands.len() <= MAX_BANDS => self.decide_many(key, bands, op, clock),
+            _ if bands.len() <= MAX_BANDS => self
+                .scopes
+                .with(&key, |scope| self.decide_many(scope, key, bands, op, clock)),
             _ => Err(StorageError::new(
                 StorageErrorKind::Other,
                 "a decision needs 1 to MAX_BANDS bands",
@@ -266,8 +270,10 @@ impl Inner {
         clock: &Arc<dyn Clock>,
     ) -> Result<Decision, StorageError> {
         let bands = std::slice::from_ref(quota);
-        let band = super::band_names(bands).next();
-        self.scopes.with(&key, band, |scope| {
+        self.scopes.with(&key, |scope| {
+            if !scope.holds_single(super::window_ms(quota)) {
+                return self.decide_many(scope, key, bands, op, clock);
+            }
             if let Some(mut stored) = scope.single.get_mut(key.user) {
                 let now = clock.now();
                 let mut tat = [Some(*stored)];
@@ -321,9 +327,12 @@ impl Inner {
         }
     }
 
-    /// A tier of several bands, all decided under the key's one lock.
+    /// Bands under their names (a tier of several bands, or one band the
+    /// scope's `single` map does not hold), all decided under the key's one
+    /// lock.
     fn decide_many(
         &self,
+        scope: &scope::Scope,
         key: StorageKey<'_>,
         bands: &[Quota],
         op: Op,
@@ -346,7 +355,7 @@ impl Inner {
             let keep = tats[..n].iter().any(Option::is_some);
             (decision, keep.then(|| store(names, &tats[..n], now)))
         };
-        self.scopes.with(&key, None, |scope| {
+        {
             if let Some(mut stored) = scope.multi.get_mut(key.user) {
                 let now = clock.now();
                 let (decision, new) = apply(Some(&stored), now);
@@ -377,7 +386,7 @@ impl Inner {
                     Ok(decision)
                 }
             }
-        })
+        }
     }
 }
 

@@ -12,6 +12,13 @@
 //! namespace and tier, so their number is set by the configuration, not by
 //! clients, and they are not counted against the cap. The GC removes them
 //! once expired, like any key.
+//!
+//! Identities with quotas of their own share their tier's bucket too, each
+//! deciding with its own bands: a band is found by its stable name, or else
+//! takes the bucket's state at the same position, and a charge never moves
+//! a band's time back, so a mix of contracts (bursts of 10 and 11 in turn,
+//! say) keeps limiting as one bucket of the most generous of them rather
+//! than starting it afresh at each change.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError};
@@ -50,7 +57,27 @@ impl Inner {
         let apply = |stored: &mut Tats| {
             let now = clock.now();
             let mut tats = lookup(stored, names);
+            // A band the bucket has no state for by its name (a contract of
+            // other bands than the last decision's: identities with their own
+            // quotas share the bucket too) takes the state at its position,
+            // so no mix of contracts finds the bucket fresh.
+            for (i, tat) in tats[..n].iter_mut().enumerate() {
+                if tat.is_none() {
+                    *tat = stored.get(i).map(|&(_, t)| t);
+                }
+            }
+            let before = tats;
             let decision = crate::storage::decide_bands(&mut tats[..n], now, bands, op);
+            if let Op::Charge(_) = op {
+                // A charge never moves a shared band's time back: the GCRA
+                // clamps a time more than a full refill ahead, and a contract
+                // with a shorter refill than the last one's would otherwise
+                // hand the bucket back to the longer one at each turn. A time
+                // stays within the longest refill of the contracts seen.
+                for (tat, before) in tats[..n].iter_mut().zip(before) {
+                    *tat = (*tat).max(before);
+                }
+            }
             *stored = store(names, &tats[..n], now);
             decision
         };

@@ -1,6 +1,9 @@
-//! The memory storage's scopes: the keys of one band (or one multi-band
-//! tier) of one tier of one limiter, keyed by user id alone.
+//! The memory storage's scopes: the keys of one tier of one limiter, keyed
+//! by user id alone. Their number is set by the configuration (a namespace
+//! and a tier name each), never by the quotas of customers: a customer's
+//! own bands are kept in its own entry.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError};
 
 use dashmap::DashMap;
@@ -8,26 +11,58 @@ use dashmap::DashMap;
 use super::{Hasher, Tats};
 use crate::clock::Nanos;
 use crate::eq::same_name;
-use crate::storage::{BandName, StorageKey};
+use crate::storage::StorageKey;
 
 const SHARDS: usize = 64;
 
-/// The keys of one tier of one limiter: of its one band (`band` set), or of
-/// all its bands together (`band` unset).
+/// The keys of one tier of one limiter.
 pub(super) struct Scope {
     namespace: Box<str>,
     tier: Box<str>,
-    band: Option<BandName>,
-    /// One TAT per user (a one-band tier).
+    /// The refill window (ms, plus 1; 0: none yet) of the one band whose
+    /// state `single` holds: the first one-band window a decision brought
+    /// since `single` was last empty (the tier's own band, in practice).
+    single_window: AtomicU64,
+    /// One TAT per user, of the band of `single_window`.
     pub(super) single: DashMap<Box<str>, Nanos, Hasher>,
-    /// One TAT per band per user (a tier of several bands).
+    /// One TAT per band per user under the bands' names: a decision of
+    /// several bands, or of one band with another window (a customer's own
+    /// quota, or the tier's band after a change of its window).
     pub(super) multi: DashMap<Box<str>, Tats, Hasher>,
 }
 
 impl Scope {
     #[inline]
-    fn is(&self, key: &StorageKey<'_>, band: Option<BandName>) -> bool {
-        self.band == band && same_name(&self.tier, key.tier) && same_name(&self.namespace, key.namespace)
+    fn is(&self, key: &StorageKey<'_>) -> bool {
+        same_name(&self.tier, key.tier) && same_name(&self.namespace, key.namespace)
+    }
+
+    /// Whether the state of a one-band decision of refill window `window_ms`
+    /// lives in `single` (else in `multi`, under its name).
+    #[inline]
+    pub(super) fn holds_single(&self, window_ms: u64) -> bool {
+        let tag = window_ms.saturating_add(1);
+        match self.single_window.load(Ordering::Relaxed) {
+            0 => match self
+                .single_window
+                .compare_exchange(0, tag, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => true,
+                Err(claimed) => claimed == tag,
+            },
+            claimed => claimed == tag,
+        }
+    }
+
+    /// After a sweep left `single` empty: the next one-band window claims
+    /// it. (A decision racing the sweep may have just stored a time of the
+    /// old window, which the new one then reads as its own: a time the new
+    /// band clamps to at most one refill ahead, so the user gets no more
+    /// than a fresh state would give.)
+    pub(super) fn release_single_if_empty(&self) {
+        if self.single.is_empty() {
+            self.single_window.store(0, Ordering::Relaxed);
+        }
     }
 }
 
@@ -48,42 +83,37 @@ pub(super) struct Scopes {
 }
 
 impl Scopes {
-    /// Runs `f` on the scope of `key` (and `band`), made on first use.
+    /// Runs `f` on the scope of `key`, made on first use.
     #[inline]
-    pub(super) fn with<R>(
-        &self,
-        key: &StorageKey<'_>,
-        band: Option<BandName>,
-        f: impl FnOnce(&Scope) -> R,
-    ) -> R {
-        match self.find(key, band) {
+    pub(super) fn with<R>(&self, key: &StorageKey<'_>, f: impl FnOnce(&Scope) -> R) -> R {
+        match self.find(key) {
             Some(scope) => f(scope),
-            None => f(self.add(key, band)),
+            None => f(self.add(key)),
         }
     }
 
     #[inline]
-    fn find(&self, key: &StorageKey<'_>, band: Option<BandName>) -> Option<&Scope> {
+    fn find(&self, key: &StorageKey<'_>) -> Option<&Scope> {
         for slot in &self.first {
             match slot.get() {
-                Some(scope) if scope.is(key, band) => return Some(scope),
+                Some(scope) if scope.is(key) => return Some(scope),
                 Some(_) => {}
                 None => return None,
             }
         }
-        self.more.iter().map(|(_, scope)| scope).find(|s| s.is(key, band))
+        self.more.iter().map(|(_, scope)| scope).find(|s| s.is(key))
     }
 
     #[cold]
-    fn add(&self, key: &StorageKey<'_>, band: Option<BandName>) -> &Scope {
+    fn add(&self, key: &StorageKey<'_>) -> &Scope {
         let _adding = self.adding.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(scope) = self.find(key, band) {
+        if let Some(scope) = self.find(key) {
             return scope;
         }
         let scope = Scope {
             namespace: key.namespace.into(),
             tier: key.tier.into(),
-            band,
+            single_window: AtomicU64::new(0),
             single: new_map(),
             multi: new_map(),
         };

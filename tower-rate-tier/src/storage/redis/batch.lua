@@ -191,6 +191,9 @@ for i = 1, count do
     if not ok then
       if type(reply) == "table" and reply.err ~= nil then
         reply = tostring(reply.err)
+      elseif type(reply) == "string" and string.find(reply, "^%u+ ") then
+        -- a command's error raised by redis.call, its code first (OOM,
+        -- READONLY, ...): kept, so the client can tell why
       else
         reply = "ERR " .. tostring(reply)
       end

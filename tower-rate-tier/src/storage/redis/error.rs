@@ -77,6 +77,11 @@ pub(super) fn item_error(attempt: Attempt, reply: &str) -> StorageError {
         reply.to_owned(),
     ));
     let code = reply.split_whitespace().next().unwrap_or("?");
+    let kind = if cannot_write(code) {
+        StorageErrorKind::Unavailable
+    } else {
+        StorageErrorKind::Other
+    };
     let ours = reply
         .find("tower-rate-tier: ")
         .map(|at| format!(" {}", &reply[at..]))
@@ -85,7 +90,22 @@ pub(super) fn item_error(attempt: Attempt, reply: &str) -> StorageError {
         "{} failed inside a batch of decisions: the server replied {code}{ours}",
         attempt.what()
     );
-    StorageError::with_source(StorageErrorKind::Other, message, error)
+    StorageError::with_source(kind, message, error)
+}
+
+/// Whether a reply's error code says the server cannot carry out a write
+/// now, whatever the command: it is out of memory under `noeviction`
+/// (`OOM`), a replica (`READONLY`), busy with a script (`BUSY`), loading its
+/// data (`LOADING`), without its master or cluster (`MASTERDOWN`,
+/// `CLUSTERDOWN`), without the replicas `min-replicas-to-write` asks for
+/// (`NOREPLICAS`), or unable to persist (`MISCONF`). Such a server is
+/// unavailable for the limiter, as an unreachable one is: the fallback
+/// answers, or `OnStorageError` applies.
+fn cannot_write(code: &str) -> bool {
+    matches!(
+        code,
+        "OOM" | "READONLY" | "BUSY" | "LOADING" | "MASTERDOWN" | "CLUSTERDOWN" | "NOREPLICAS" | "MISCONF"
+    )
 }
 
 /// `attempt` failed with `error`, which becomes the source.
@@ -119,6 +139,7 @@ fn kind_of(e: &RedisError) -> StorageErrorKind {
                         | ServerErrorKind::BusyLoading
                 )
         )
+        || e.code().is_some_and(cannot_write)
     {
         StorageErrorKind::Unavailable
     } else {
@@ -272,6 +293,42 @@ mod tests {
             "{e}"
         );
         assert!(e.source().is_some());
+    }
+
+    #[test]
+    fn replies_that_mean_the_server_cannot_write_are_unavailable() {
+        // as redis-rs parses a reply whose code it has no variant for
+        let reply =
+            |code: &str| redis::make_extension_error(code.to_owned(), Some("the server's text".into()));
+        for code in [
+            "OOM",
+            "READONLY",
+            "BUSY",
+            "LOADING",
+            "MASTERDOWN",
+            "CLUSTERDOWN",
+            "NOREPLICAS",
+            "MISCONF",
+        ] {
+            let e = redis_error(Attempt::Charge, reply(code));
+            assert_eq!(e.kind(), StorageErrorKind::Unavailable, "{code}: {e}");
+            assert!(e.to_string().contains(&format!("replied {code}")), "{e}");
+            let item = item_error(Attempt::Charge, &format!("{code} the server's text trt:{{ab}}"));
+            assert_eq!(item.kind(), StorageErrorKind::Unavailable, "{code}: {item}");
+            assert!(!item.to_string().contains("trt:"), "{item}");
+        }
+        for code in ["ERR", "WRONGTYPE", "NOSCRIPT", "NOPERM", "EXECABORT"] {
+            assert_eq!(
+                redis_error(Attempt::Charge, reply(code)).kind(),
+                StorageErrorKind::Other,
+                "{code}"
+            );
+            assert_eq!(
+                item_error(Attempt::Charge, code).kind(),
+                StorageErrorKind::Other,
+                "{code}"
+            );
+        }
     }
 
     #[test]

@@ -1,0 +1,78 @@
+//! [`OwnQuotas`]: an identity's bands of its own, and the tier entry made of
+//! them, built once per [`with_quotas`](super::TierIdentity::with_quotas)
+//! value and shared by its clones.
+
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+
+use crate::quota::Quota;
+use crate::tier::{BuildError, TierEntry};
+
+/// The bands of one contract, and the entry they make with the tier they
+/// were last used with. An identifier that keeps identities (a cache in
+/// front of a customer database) clones them, and every clone finds the
+/// entry built: a request with its own quotas builds nothing. Nothing is
+/// kept outside the value: a contract no identity holds any more is gone.
+pub(crate) struct OwnQuotas {
+    bands: Box<[Quota]>,
+    built: Mutex<Option<Built>>,
+}
+
+struct Built {
+    /// The tier entry it was built from (compared by address: the weak
+    /// reference keeps the allocation, so the address is never reused).
+    base: Weak<TierEntry>,
+    entry: Arc<TierEntry>,
+}
+
+impl OwnQuotas {
+    pub(crate) fn new(bands: Vec<Quota>) -> Self {
+        OwnQuotas {
+            bands: bands.into(),
+            built: Mutex::new(None),
+        }
+    }
+
+    pub(crate) fn bands(&self) -> &[Quota] {
+        &self.bands
+    }
+
+    /// `tier` with these bands: the entry built for it before, else built
+    /// now (and kept, in place of one built for another version of the
+    /// tier); an error when they are not bands a tier could have.
+    pub(crate) fn entry(&self, tier: &Arc<TierEntry>) -> Result<Arc<TierEntry>, BuildError> {
+        let mut built = self.built.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(built) = &*built {
+            if std::ptr::eq(built.base.as_ptr(), Arc::as_ptr(tier)) {
+                return Ok(built.entry.clone());
+            }
+        }
+        let entry = Arc::new(TierEntry::own(tier, &self.bands)?);
+        *built = Some(Built {
+            base: Arc::downgrade(tier),
+            entry: entry.clone(),
+        });
+        Ok(entry)
+    }
+}
+
+impl PartialEq for OwnQuotas {
+    fn eq(&self, other: &Self) -> bool {
+        self.bands == other.bands
+    }
+}
+
+impl Eq for OwnQuotas {}
+
+impl Hash for OwnQuotas {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.bands.hash(state);
+    }
+}
+
+impl fmt::Debug for OwnQuotas {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.bands.fmt(f)
+    }
+}
