@@ -116,6 +116,18 @@ impl Charge {
         }
     }
 
+    /// The name of the tier charged.
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    pub(crate) fn tier_name(&self) -> &str {
+        &self.tier.name
+    }
+
+    /// Gives back the slot of `lease`, taken under this charge's user and
+    /// tier.
+    pub(crate) fn release_slot(&self, lease: crate::storage::Lease) -> crate::storage::Decide {
+        self.ledger.tiers.release(&self.user, &self.tier, lease)
+    }
+
     fn lock(&self) -> MutexGuard<'_, ChargeState> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -285,7 +297,7 @@ impl Charge {
     }
 
     async fn charge(&self, cost: u32) -> crate::tier::CheckResult {
-        match self.ledger.tiers.begin(&self.user, &self.tier, cost) {
+        match self.ledger.tiers.begin(&self.user, &self.tier, cost, false) {
             Ok(decide) => conclude(&self.tier, decide.await),
             Err(answered) => answered,
         }

@@ -71,6 +71,7 @@ pub mod fallback;
 mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
+pub mod slots;
 
 pub use self::deny_cache::DenyCache;
 pub use self::error::{StorageError, StorageErrorKind};
@@ -79,6 +80,7 @@ pub use self::fallback::{Fallback, FallbackBuilder};
 pub use self::redis::{RedisStorage, RedisStorageBuilder};
 pub use crate::gcra::BandState;
 pub use memory::{MemoryStorage, MemoryStorageBuilder};
+pub use slots::{Lease, LeaseSet, SlotState, Slots};
 
 /// The most bands one tier may have. Per-band states travel inline for one
 /// band (no allocation per check), so this also bounds every decision.
@@ -103,13 +105,37 @@ pub enum Op {
     Charge(u32),
     /// Give `n` units back to every band (never below a fresh state).
     Refund(u32),
+    /// Take one of the key's `slots` (a request in flight) and charge
+    /// `cost` in every band, in one decision: when no slot is free nothing
+    /// is charged, and when a band denies the slot is given back. The
+    /// answer's [`Decision::slots`] says which; see [`slots`].
+    Acquire {
+        /// The units charged in every band.
+        cost: u32,
+        /// The concurrency limit.
+        slots: Slots,
+    },
+    /// Give back the slot of a [`Lease`] an [`Op::Acquire`] took; no band
+    /// changes (the answer's band states may be empty).
+    Release(Lease),
 }
 
 impl Op {
-    /// The units the operation moves.
+    /// The units the operation moves in the bands.
     pub fn units(self) -> u32 {
         match self {
-            Op::Charge(n) | Op::Refund(n) => n,
+            Op::Charge(n) | Op::Refund(n) | Op::Acquire { cost: n, .. } => n,
+            Op::Release(_) => 0,
+        }
+    }
+
+    /// The operation on the bands alone: an [`Op::Acquire`] is an
+    /// [`Op::Charge`] of its cost, an [`Op::Release`] a peek.
+    pub fn on_bands(self) -> Op {
+        match self {
+            Op::Acquire { cost, .. } => Op::Charge(cost),
+            Op::Release(_) => Op::Charge(0),
+            op => op,
         }
     }
 }
@@ -195,6 +221,10 @@ pub struct Decision {
     pub bands: BandStates,
     /// Who decided.
     pub source: DecisionSource,
+    /// The key's slots after an [`Op::Acquire`] or [`Op::Release`];
+    /// `None` for other operations, or from a storage that does not count
+    /// requests in flight.
+    pub slots: Option<SlotState>,
 }
 
 impl Decision {
@@ -205,7 +235,14 @@ impl Decision {
             now,
             bands,
             source: DecisionSource::Storage,
+            slots: None,
         }
+    }
+
+    /// The same decision with the key's slots after it.
+    pub fn with_slots(mut self, slots: SlotState) -> Self {
+        self.slots = Some(slots);
+        self
     }
 
     /// The same decision, reported as made by `source`.
@@ -334,6 +371,7 @@ impl<S: Storage + ?Sized> Storage for Box<S> {
 /// ```
 #[inline]
 pub fn decide_bands(tats: &mut [Option<Nanos>], now: Nanos, bands: &[Quota], op: Op) -> Decision {
+    let op = op.on_bands();
     if let ([tat], [quota], Op::Charge(cost)) = (&mut *tats, bands, op) {
         // One band: its decision is the whole decision.
         let d = crate::gcra::decide(*tat, now, quota, cost);
@@ -347,8 +385,9 @@ pub fn decide_bands(tats: &mut [Option<Nanos>], now: Nanos, bands: &[Quota], op:
 
 /// [`decide_bands`] for a refund, or for several bands.
 fn decide_many(tats: &mut [Option<Nanos>], now: Nanos, bands: &[Quota], op: Op) -> Decision {
-    let cost = match op {
-        Op::Charge(cost) => cost,
+    let cost = match op.on_bands() {
+        Op::Charge(cost) | Op::Acquire { cost, .. } => cost,
+        Op::Release(_) => 0,
         Op::Refund(units) => {
             for (tat, quota) in tats.iter_mut().zip(bands) {
                 *tat = crate::gcra::refund(*tat, now, quota, units);

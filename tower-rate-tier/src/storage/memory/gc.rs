@@ -87,6 +87,7 @@ impl Inner {
                 removed += usize::from(!keep);
                 keep
             });
+            super::slots::sweep(&scope.slots, now);
             // Give memory back after a flood has gone: tables mostly empty
             // are shrunk.
             shrink_if_sparse(&scope.single);

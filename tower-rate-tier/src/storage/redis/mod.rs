@@ -390,10 +390,10 @@ impl Inner {
     /// The script's keys and arguments for `op` on every band of `key`.
     fn args(&self, key: StorageKey<'_>, bands: &[Quota], op: Op) -> (Args, Attempt) {
         let now = self.clock.as_ref().map(|clock| clock.now() / 1_000);
-        let attempt = match op {
+        let attempt = match op.on_bands() {
             Op::Charge(0) => Attempt::Peek,
-            Op::Charge(_) => Attempt::Charge,
             Op::Refund(_) => Attempt::Refund,
+            _ => Attempt::Charge,
         };
         (Args::new(&self.keys, key, bands, op, now), attempt)
     }
@@ -434,6 +434,12 @@ impl RedisStorage {
     /// One decision by Redis: the key names and arguments are made now (the
     /// future owns them), and sent at once or with the next batch.
     fn send(&self, key: StorageKey<'_>, bands: &[Quota], op: Op) -> Decide {
+        if let Op::Acquire { .. } | Op::Release(_) = op {
+            return Decide::ready(Err(StorageError::new(
+                StorageErrorKind::Other,
+                "the Redis storage does not count requests in flight yet",
+            )));
+        }
         let args = self.inner.args(key, bands, op);
         match &self.inner.batch {
             Some(batcher) => batch::submit(&self.inner, batcher, args),

@@ -1,0 +1,106 @@
+//! The memory storage's concurrency limits: each user's slots in flight, in
+//! its tier's scope, beside its rate state.
+//!
+//! A user's [`LeaseSet`] exists while it holds a slot: it is made by the
+//! first request in flight and removed with the last one's release, so the
+//! sets number the requests in flight (not the identities ever seen) and
+//! need no room under the key cap. A set whose leases all passed (a slot
+//! never given back) is removed by the next sweep. A new identity the key
+//! cap decides in its tier's overflow bucket still has slots of its own:
+//! the bucket shares the rate, never the slots.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use super::Inner;
+use crate::clock::Clock;
+use crate::quota::Quota;
+use crate::storage::{BandStates, Decision, Lease, LeaseSet, Op, SlotState, Slots, StorageError, StorageKey};
+
+impl Inner {
+    /// Takes a slot of `key`, then charges `cost` in its bands (none for an
+    /// unlimited tier); a band that denies gives the slot back at once.
+    pub(super) fn acquire(
+        self: &Arc<Self>,
+        key: StorageKey<'_>,
+        bands: &[Quota],
+        cost: u32,
+        slots: Slots,
+        clock: &Arc<dyn Clock>,
+    ) -> Result<Decision, StorageError> {
+        let id = self.next_lease.fetch_add(1, Ordering::Relaxed);
+        let now = clock.now();
+        let state = self
+            .scopes
+            .with(&key, |scope| match scope.slots.get_mut(key.user) {
+                Some(mut set) => set.acquire(id, now, &slots),
+                None => scope
+                    .slots
+                    .entry(Box::from(key.user))
+                    .or_default()
+                    .acquire(id, now, &slots),
+            });
+        if state.refused {
+            // nothing charged, and no set made for a user whose slots are all taken
+            return Ok(Decision::new(false, now, BandStates::new()).with_slots(state));
+        }
+        if bands.is_empty() || bands.iter().any(Quota::is_unlimited) {
+            return Ok(Decision::new(true, now, BandStates::new()).with_slots(state));
+        }
+        let decision = match self.decide(key, bands, Op::Charge(cost), clock) {
+            Ok(decision) => decision,
+            Err(error) => {
+                self.release_slot(key, Lease(id));
+                return Err(error);
+            }
+        };
+        if decision.allowed {
+            return Ok(decision.with_slots(state));
+        }
+        let in_use = self.release_slot(key, Lease(id));
+        let state = SlotState {
+            in_use,
+            lease: None,
+            ..state
+        };
+        Ok(decision.with_slots(state))
+    }
+
+    /// Gives `lease` of `key` back.
+    pub(super) fn release(&self, key: StorageKey<'_>, lease: Lease, clock: &Arc<dyn Clock>) -> Decision {
+        let in_use = self.release_slot(key, lease);
+        let state = SlotState {
+            limit: 0,
+            in_use,
+            lease: None,
+            refused: false,
+        };
+        Decision::new(true, clock.now(), BandStates::new()).with_slots(state)
+    }
+
+    /// Gives `lease` back, removing the user's set with its last slot; the
+    /// slots still in use.
+    fn release_slot(&self, key: StorageKey<'_>, lease: Lease) -> u32 {
+        self.scopes.with(&key, |scope| {
+            let in_use = match scope.slots.get_mut(key.user) {
+                Some(mut set) => {
+                    set.release(lease);
+                    set.in_use()
+                }
+                None => return 0,
+            };
+            if in_use == 0 {
+                scope.slots.remove_if(key.user, |_, set| set.in_use() == 0);
+            }
+            in_use
+        })
+    }
+}
+
+/// Drops the passed leases of every set of `map`, and the sets left empty.
+pub(super) fn sweep(map: &dashmap::DashMap<Box<str>, LeaseSet, super::Hasher>, now: crate::clock::Nanos) {
+    map.retain(|_, set| {
+        set.expire(now);
+        set.in_use() > 0
+    });
+}
