@@ -9,6 +9,8 @@ use tower_rate_tier::{Quota, RateTier};
 mod batching;
 #[path = "redis/cluster.rs"]
 mod cluster;
+#[path = "redis/concurrency.rs"]
+mod concurrency;
 #[path = "redis/deny_cache.rs"]
 mod deny_cache;
 #[path = "redis/exactness.rs"]

@@ -203,6 +203,7 @@ mod error;
 mod keys;
 mod link;
 mod script;
+mod slots;
 
 use batch::Batcher;
 pub use builder::RedisStorageBuilder;
@@ -236,6 +237,9 @@ struct Inner {
     /// on).
     batch: Option<Batcher>,
     deny: Option<Arc<DenyTable>>,
+    /// `slots.lua`, for concurrency limits.
+    slots_script: Script,
+    leases: slots::LeaseIds,
 }
 
 /// The settings [`RedisStorage::from_parts`] takes besides the connection.
@@ -368,6 +372,8 @@ impl RedisStorage {
                 deny: settings
                     .deny_cache
                     .map(|capacity| Arc::new(DenyTable::new(capacity))),
+                slots_script: slots::script(),
+                leases: slots::LeaseIds::new(),
             }),
         }
     }
@@ -435,10 +441,7 @@ impl RedisStorage {
     /// future owns them), and sent at once or with the next batch.
     fn send(&self, key: StorageKey<'_>, bands: &[Quota], op: Op) -> Decide {
         if let Op::Acquire { .. } | Op::Release(_) = op {
-            return Decide::ready(Err(StorageError::new(
-                StorageErrorKind::Other,
-                "the Redis storage does not count requests in flight yet",
-            )));
+            return slots::send(&self.inner, key, bands, op);
         }
         let args = self.inner.args(key, bands, op);
         match &self.inner.batch {
