@@ -558,3 +558,33 @@ async fn metrics_count_concurrency_refusals_and_slots_in_use_per_tier() {
     // the debugging recorder reports what changed since its last snapshot
     assert_eq!(read(), (Some(-3.0), Some(0)));
 }
+
+#[tokio::test]
+async fn a_stalled_body_holds_its_slot_at_most_for_the_lease() {
+    let clock = FakeClock::new();
+    let tiers = RateTier::builder()
+        .tier("free", Quota::per_minute(100))
+        .tier_concurrency("free", 1)
+        .concurrency_lease(Duration::from_secs(30))
+        .clock(clock.clone())
+        .build();
+    assert_eq!(tiers.concurrency_lease(), Duration::from_secs(30));
+    let app = app(tiers);
+    let stalled = open(&app, "ada").await;
+    clock.advance(Duration::from_secs(29));
+    assert_eq!(
+        send(&app, get_as("ada", "/")).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    clock.advance(Duration::from_secs(2));
+    let next = open(&app, "ada").await;
+    assert_eq!(next.status(), StatusCode::OK);
+    // the stalled body ends late: its release gives back nothing of the new slot
+    drop(stalled);
+    assert_eq!(
+        send(&app, get_as("ada", "/")).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    drop(next);
+    assert_eq!(send(&app, get_as("ada", "/")).await.status, StatusCode::OK);
+}
