@@ -13,6 +13,14 @@
 //! no future, no allocation) or a future (Redis). Storages wrap storages by
 //! calling the inner one's `decide` and passing its answer on, or mapping it.
 //!
+//! A tier with a concurrency limit asks for [`Op::Acquire`] (take one of the
+//! key's slots and charge its bands, in one decision) and later
+//! [`Op::Release`] (give the slot back): see [`slots`]. A storage that wraps
+//! another passes them on like any operation; one that counts no slots
+//! answers an `Acquire` as a charge ([`decide_bands`] does), and the limiter
+//! then treats a tier with a concurrency limit as a storage failure rather
+//! than letting it pass uncounted.
+//!
 //! [`MemoryStorage`] is the default. The Redis storage (feature `redis`,
 //! `RedisStorage`) shares one quota between many processes.
 //!

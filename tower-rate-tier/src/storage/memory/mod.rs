@@ -46,10 +46,11 @@ const DEFAULT_GC_INTERVAL: Duration = Duration::from_secs(60);
 /// * Decisions use the limiter's clock, passed with every call.
 /// * Concurrency limits ([`Op::Acquire`]): a user's slots in flight are a
 ///   set of leases in its tier's scope, made with its first request in
-///   flight and removed with the last one's release (a set whose leases
-///   all passed is removed by the next sweep). Sets number requests in
-///   flight, not identities, so the key cap does not count them; an
-///   identity decided in the overflow bucket still has slots of its own.
+///   flight and kept, empty, until a sweep (which also removes a set whose
+///   leases all passed). Past `max_keys` sets a release removes the set it
+///   empties, so the sets are bounded by the cap or by the requests in
+///   flight. An identity decided in the overflow bucket still has slots of
+///   its own (the bucket shares the rate, never the slots).
 /// * Expired keys are removed by a background task every
 ///   [`gc_interval`](MemoryStorageBuilder::gc_interval) (default 60 s). The
 ///   task starts with the first decision made inside a tokio runtime (so
@@ -112,6 +113,8 @@ struct Inner {
     last_inline_sweep: AtomicU64,
     /// The next lease id of a slot.
     next_lease: AtomicU64,
+    /// How many users' slot sets are kept (see `slots.rs`).
+    slot_sets: AtomicUsize,
 }
 
 /// Configures a [`MemoryStorage`].
@@ -175,6 +178,7 @@ impl MemoryStorageBuilder {
                 gc_stop: std::sync::Mutex::new(None),
                 last_inline_sweep: AtomicU64::new(0),
                 next_lease: AtomicU64::new(1),
+                slot_sets: AtomicUsize::new(0),
             }),
         }
     }

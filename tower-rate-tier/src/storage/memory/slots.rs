@@ -1,13 +1,16 @@
 //! The memory storage's concurrency limits: each user's slots in flight, in
 //! its tier's scope, beside its rate state.
 //!
-//! A user's [`LeaseSet`] exists while it holds a slot: it is made by the
-//! first request in flight and removed with the last one's release, so the
-//! sets number the requests in flight (not the identities ever seen) and
-//! need no room under the key cap. A set whose leases all passed (a slot
-//! never given back) is removed by the next sweep. A new identity the key
-//! cap decides in its tier's overflow bucket still has slots of its own:
-//! the bucket shares the rate, never the slots.
+//! A user's [`LeaseSet`] is made by its first request in flight and kept,
+//! empty, after its last one's release (so a returning user takes a slot
+//! without an allocation), until the next sweep removes it with the expired
+//! keys; a set whose leases all passed (a slot never given back) goes the
+//! same way. Sets are bounded like keys: past
+//! [`max_keys`](super::MemoryStorageBuilder::max_keys) sets, a release
+//! removes the set it empties at once, so the sets left number the requests
+//! in flight. A new identity the key cap decides in its tier's overflow
+//! bucket still has slots of its own: the bucket shares the rate, never the
+//! slots.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -78,8 +81,28 @@ impl Inner {
         Decision::new(true, clock.now(), BandStates::new()).with_slots(state)
     }
 
-    /// Gives `lease` back, removing the user's set with its last slot; the
-    /// slots still in use.
+    /// The first slot of a user without a set.
+    #[cold]
+    #[inline(never)]
+    fn new_set(
+        &self,
+        scope: &super::scope::Scope,
+        key: StorageKey<'_>,
+        id: u64,
+        now: crate::clock::Nanos,
+        slots: &Slots,
+    ) -> SlotState {
+        match scope.slots.entry(Box::from(key.user)) {
+            dashmap::mapref::entry::Entry::Occupied(mut e) => e.get_mut().acquire(id, now, slots),
+            dashmap::mapref::entry::Entry::Vacant(e) => {
+                self.slot_sets.fetch_add(1, Ordering::Relaxed);
+                e.insert(LeaseSet::default()).acquire(id, now, slots)
+            }
+        }
+    }
+
+    /// Gives `lease` back; the slots still in use. The set stays for the
+    /// next request, unless the sets are past the key cap.
     fn release_slot(&self, key: StorageKey<'_>, lease: Lease) -> u32 {
         self.scopes.with(&key, |scope| {
             let in_use = match scope.slots.get_mut(key.user) {
@@ -89,18 +112,37 @@ impl Inner {
                 }
                 None => return 0,
             };
-            if in_use == 0 {
-                scope.slots.remove_if(key.user, |_, set| set.in_use() == 0);
+            if in_use == 0 && self.slot_sets.load(Ordering::Relaxed) > self.max_keys {
+                self.remove_empty_set(scope, key);
             }
             in_use
         })
     }
+
+    #[cold]
+    fn remove_empty_set(&self, scope: &super::scope::Scope, key: StorageKey<'_>) {
+        if scope
+            .slots
+            .remove_if(key.user, |_, set| set.in_use() == 0)
+            .is_some()
+        {
+            self.slot_sets.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
 }
 
-/// Drops the passed leases of every set of `map`, and the sets left empty.
-pub(super) fn sweep(map: &dashmap::DashMap<Box<str>, LeaseSet, super::Hasher>, now: crate::clock::Nanos) {
+/// Drops the passed leases of every set of `map`, and the sets left empty;
+/// how many sets were removed.
+pub(super) fn sweep(
+    map: &dashmap::DashMap<Box<str>, LeaseSet, super::Hasher>,
+    now: crate::clock::Nanos,
+) -> usize {
+    let mut removed = 0;
     map.retain(|_, set| {
         set.expire(now);
-        set.in_use() > 0
+        let keep = set.in_use() > 0;
+        removed += usize::from(!keep);
+        keep
     });
+    removed
 }
