@@ -16,8 +16,8 @@
 //!   timeout).
 //! * **Only the primary's own answers count.** An answer a wrapper of the
 //!   primary gave without asking it (a cached denial of the Redis storage's
-//!   deny cache, [`DecisionSource::DenyCache`](super::DecisionSource::DenyCache);
-//!   the overflow bucket, [`DecisionSource::Overflow`](super::DecisionSource::Overflow))
+//!   deny cache, [`DecisionSource::DenyCache`];
+//!   the overflow bucket, [`DecisionSource::Overflow`])
 //!   says nothing of the primary: it neither ends an outage nor resets the
 //!   count of failures, and a probe or trial answered that way has not
 //!   reached the primary.
@@ -44,7 +44,7 @@
 //! * **Reported** through `tracing` (a warning when decisions start being
 //!   answered locally, an info event when they are all back), through the
 //!   [`on_switch`](FallbackBuilder::on_switch) callback, and in every local
-//!   decision's source, [`DecisionSource::Fallback`](super::DecisionSource::Fallback).
+//!   decision's source, [`DecisionSource::Fallback`].
 //! * **Failure domains.** On a Redis Cluster one dead node must not send
 //!   every key to the fallback. [`domains`](FallbackBuilder::domains) tells
 //!   the fallback which keys fail together (`RedisStorage::failure_domain`:
