@@ -12,7 +12,7 @@ use http::Response;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
-use crate::limit::SlotGuard;
+use crate::slot::SlotGuard;
 
 pin_project! {
     /// The inner service's body, or the limiter's refusal (a JSON problem

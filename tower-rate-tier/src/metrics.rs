@@ -116,8 +116,7 @@ pub const DENY_CACHE_HITS_TOTAL: &str = "tower_rate_tier_deny_cache_hits_total";
 /// `tower_rate_tier_fallback_active{storage}` (gauge): 1 while a fallback
 /// answers locally.
 pub const FALLBACK_ACTIVE: &str = "tower_rate_tier_fallback_active";
-/// `tower_rate_tier_concurrent_requests{tier}` (gauge): slots of a tier's
-/// concurrency limit in use.
+/// `tower_rate_tier_concurrent_requests{tier}` (gauge): slots in use.
 pub const CONCURRENT_REQUESTS: &str = "tower_rate_tier_concurrent_requests";
 /// The `tier` label of requests charged to no configured tier.
 pub const UNKNOWN: &str = "unknown";
@@ -281,8 +280,7 @@ pub(crate) struct RequestCounters {
     /// ever configured.
     added: dashmap::DashMap<Box<str>, Row, foldhash::fast::RandomState>,
     unknown: Row,
-    /// The gauge of slots in use of each tier with a concurrency limit,
-    /// by tier name (configured names only).
+    /// The gauge of slots in use of each tier with a concurrency limit.
     gauges: dashmap::DashMap<Box<str>, metrics::Gauge, foldhash::fast::RandomState>,
 }
 
@@ -303,14 +301,7 @@ impl RequestCounters {
             unknown: row(UNKNOWN, |outcome| {
                 !outcome.of_a_tier() && outcome != Outcome::ShadowLimited
             }),
-            gauges: names
-                .iter()
-                .filter(|name| tiers.concurrency(name).is_some())
-                .map(|name| {
-                    let gauge = metrics::gauge!(CONCURRENT_REQUESTS, "tier" => name.clone());
-                    (name.as_str().into(), gauge)
-                })
-                .collect(),
+            gauges: dashmap::DashMap::default(),
         }
     }
 
@@ -343,16 +334,11 @@ impl RequestCounters {
         row[outcome as usize].increment(1);
     }
 
-    /// The gauge of `tier`'s slots in use (registered with the recorder in
-    /// force at its first use; one per tier name, never per user).
+    /// The gauge of `tier`'s slots in use (a configured tier's name; one
+    /// gauge per tier, never per user), registered at its first use.
     pub(crate) fn slots_in_use(&self, tier: &str) -> metrics::Gauge {
-        if let Some(gauge) = self.gauges.get(tier) {
-            return gauge.clone();
-        }
-        self.gauges
-            .entry(tier.into())
-            .or_insert_with(|| metrics::gauge!(CONCURRENT_REQUESTS, "tier" => tier.to_owned()))
-            .clone()
+        let gauge = || metrics::gauge!(CONCURRENT_REQUESTS, "tier" => tier.to_owned());
+        self.gauges.entry(tier.into()).or_insert_with(gauge).clone()
     }
 
     /// Counts a charged request by what its check answered (`shadowed`:

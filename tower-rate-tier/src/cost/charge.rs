@@ -99,6 +99,14 @@ pub(crate) struct Charge {
 #[derive(Clone, Default)]
 pub(crate) struct Charges(pub(crate) SmallVec<[Arc<Charge>; 2]>);
 
+impl crate::slot::SlotOwner for Charge {
+    /// Gives back the slot of `lease`, taken under this charge's user and
+    /// tier.
+    fn release_slot(&self, lease: crate::storage::Lease) -> crate::storage::Decide {
+        self.ledger.tiers.release(&self.user, &self.tier, lease)
+    }
+}
+
 impl Charge {
     pub(crate) fn new(
         ledger: Arc<Ledger>,
@@ -120,12 +128,6 @@ impl Charge {
     #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
     pub(crate) fn tier_name(&self) -> &str {
         &self.tier.name
-    }
-
-    /// Gives back the slot of `lease`, taken under this charge's user and
-    /// tier.
-    pub(crate) fn release_slot(&self, lease: crate::storage::Lease) -> crate::storage::Decide {
-        self.ledger.tiers.release(&self.user, &self.tier, lease)
     }
 
     fn lock(&self) -> MutexGuard<'_, ChargeState> {

@@ -8,13 +8,13 @@ use http::request::Parts;
 use http::{Extensions, HeaderMap, Method, Request, StatusCode};
 
 use super::layer::{Identify, Shared};
-use super::slot::SlotGuard;
 use crate::cost::{Charge, ChargeState, Charges, Outcome, RouteKey, Source, TierCost};
 use crate::event::RateLimitEvent;
 use crate::identity::{ANONYMOUS_PREFIX, OwnQuotas, TierIdentity};
 use crate::policy::{OnMissing, OnUnknownTier};
 use crate::problem::problem;
 use crate::refusal::Refusals;
+use crate::slot::SlotGuard;
 use crate::storage::{Decide, DecisionSource, StorageError, StorageErrorKind};
 use crate::tier::{CheckError, CheckResult, MAX_USER_ID_LEN, TierEntry, conclude};
 

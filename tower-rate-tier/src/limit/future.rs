@@ -10,9 +10,9 @@ use bytes::Bytes;
 use http::Response;
 use pin_project_lite::pin_project;
 
-use super::slot::SlotGuard;
 use crate::body::ResponseBody;
 use crate::cost::Charge;
+use crate::slot::SlotGuard;
 
 pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 

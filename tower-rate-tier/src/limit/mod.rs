@@ -6,8 +6,6 @@
 //! * `service.rs`: the service and the one serve path (admit, call the
 //!   inner service, add the charge's headers);
 //! * `future.rs`: the response future;
-//! * `slot.rs`: the slot of a concurrency limit a request holds until its
-//!   response is over;
 //! * `buffered.rs`: identification from a buffered body (feature
 //!   `buffered-body`).
 
@@ -17,7 +15,6 @@ mod buffered;
 mod future;
 mod layer;
 mod service;
-mod slot;
 #[cfg(test)]
 mod tests;
 
@@ -26,4 +23,3 @@ pub use buffered::{BufferedTierLimitLayer, BufferedTierLimitService};
 pub use future::ResponseFuture;
 pub use layer::TierLimitLayer;
 pub use service::TierLimitService;
-pub(crate) use slot::SlotGuard;

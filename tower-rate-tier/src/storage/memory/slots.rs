@@ -37,14 +37,10 @@ impl Inner {
             .scopes
             .with(&key, |scope| match scope.slots.get_mut(key.user) {
                 Some(mut set) => set.acquire(id, now, &slots),
-                None => scope
-                    .slots
-                    .entry(Box::from(key.user))
-                    .or_default()
-                    .acquire(id, now, &slots),
+                None => self.new_set(scope, key, id, now, &slots),
             });
         if state.refused {
-            // nothing charged, and no set made for a user whose slots are all taken
+            // nothing charged
             return Ok(Decision::new(false, now, BandStates::new()).with_slots(state));
         }
         if bands.is_empty() || bands.iter().any(Quota::is_unlimited) {

@@ -1,5 +1,7 @@
 //! [`SlotGuard`]: the slot of a tier's concurrency limit that one admitted
-//! request holds, given back when the guard is dropped.
+//! request holds, given back when the guard is dropped to its
+//! [`SlotOwner`] (the request's charge, which knows the user and tier it
+//! was taken under).
 //!
 //! The guard travels with the request: in the response future until the
 //! inner service answers, then in the response body until it ends. So the
@@ -10,23 +12,26 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::cost::Charge;
-use crate::storage::Lease;
+use crate::storage::{Decide, Lease};
+
+/// What gives a slot back: the user and tier it was taken under.
+pub(crate) trait SlotOwner: Send + Sync {
+    /// Starts giving back the slot of `lease`.
+    fn release_slot(&self, lease: Lease) -> Decide;
+}
 
 /// The slot of an admitted request.
 pub(crate) struct SlotGuard {
-    /// Who holds it, in which tier (the user and tier the slot was taken
-    /// under).
-    charge: Arc<Charge>,
+    owner: Arc<dyn SlotOwner>,
     lease: Lease,
     #[cfg(feature = "metrics")]
     in_use: Option<metrics::Gauge>,
 }
 
 impl SlotGuard {
-    pub(crate) fn new(charge: Arc<Charge>, lease: Lease) -> Self {
+    pub(crate) fn new(owner: Arc<dyn SlotOwner>, lease: Lease) -> Self {
         SlotGuard {
-            charge,
+            owner,
             lease,
             #[cfg(feature = "metrics")]
             in_use: None,
@@ -54,7 +59,7 @@ impl Drop for SlotGuard {
         if let Some(gauge) = &self.in_use {
             gauge.decrement(1.0);
         }
-        let release = self.charge.release_slot(self.lease);
+        let release = self.owner.release_slot(self.lease);
         if let Err(pending) = release.into_ready() {
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                 runtime.spawn(async move {
