@@ -89,6 +89,8 @@
 //! # }
 //! ```
 
+mod slots;
+
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
@@ -103,6 +105,7 @@ use crate::storage::{
     Decide, Decision, DecisionSource, Op, Storage, StorageError, StorageErrorKind, StorageKey,
 };
 use crate::tier::{CheckError, CheckResult, RateTier};
+use slots::SlotGauges;
 
 /// `tower_rate_tier_requests_total{tier, outcome}`.
 pub const REQUESTS_TOTAL: &str = "tower_rate_tier_requests_total";
@@ -281,7 +284,7 @@ pub(crate) struct RequestCounters {
     added: dashmap::DashMap<Box<str>, Row, foldhash::fast::RandomState>,
     unknown: Row,
     /// The gauge of slots in use of each tier with a concurrency limit.
-    gauges: dashmap::DashMap<Box<str>, metrics::Gauge, foldhash::fast::RandomState>,
+    gauges: SlotGauges,
 }
 
 impl RequestCounters {
@@ -301,7 +304,7 @@ impl RequestCounters {
             unknown: row(UNKNOWN, |outcome| {
                 !outcome.of_a_tier() && outcome != Outcome::ShadowLimited
             }),
-            gauges: dashmap::DashMap::default(),
+            gauges: SlotGauges::new(tiers),
         }
     }
 
@@ -334,11 +337,9 @@ impl RequestCounters {
         row[outcome as usize].increment(1);
     }
 
-    /// The gauge of `tier`'s slots in use (a configured tier's name; one
-    /// gauge per tier, never per user), registered at its first use.
+    /// The gauge of a configured tier's slots in use (never per user).
     pub(crate) fn slots_in_use(&self, tier: &str) -> metrics::Gauge {
-        let gauge = || metrics::gauge!(CONCURRENT_REQUESTS, "tier" => tier.to_owned());
-        self.gauges.entry(tier.into()).or_insert_with(gauge).clone()
+        self.gauges.get(tier)
     }
 
     /// Counts a charged request by what its check answered (`shadowed`:
