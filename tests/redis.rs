@@ -11,6 +11,8 @@ mod batching;
 mod cluster;
 #[path = "redis/cluster_batching.rs"]
 mod cluster_batching;
+#[path = "redis/concurrency.rs"]
+mod concurrency;
 #[path = "redis/deny_cache.rs"]
 mod deny_cache;
 #[path = "redis/exactness.rs"]

@@ -145,7 +145,8 @@ async fn counts_every_request_once_by_configured_tier_and_outcome() {
     );
     // every pair a user can meet is there from the start, at 0
     let registered = requests(&metrics);
-    assert_eq!(registered.len(), 3 * 7 + 5, "{registered:?}");
+    assert_eq!(registered.len(), 3 * 8 + 5, "{registered:?}");
+    assert!(registered.contains_key(&("free".into(), "concurrency_limited".into())));
     assert!(registered.contains_key(&("free".into(), "shadow_limited".into())));
     assert!(registered.contains_key(&("pro".into(), "storage_error_denied".into())));
     assert!(registered.contains_key(&("unknown".into(), "unidentified_denied".into())));

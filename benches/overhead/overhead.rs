@@ -80,6 +80,16 @@ fn app(mode: &str) -> Router {
                 .build();
             router.layer(TierLimitLayer::new(tiers).identifier_fn(identify))
         }
+        // ours with a concurrency limit on the tier: each request takes a
+        // slot and gives it back when its response is dropped
+        "ours-concurrency" => {
+            let tiers = RateTier::builder()
+                .tier("free", Quota::per_hour(10_000))
+                .tier_concurrency("free", 4)
+                .default_tier("free")
+                .build();
+            router.layer(TierLimitLayer::new(tiers).identifier_fn(identify))
+        }
         // ours without rate-limit fields (`RateLimitHeaders::NONE`)
         "ours-none" => {
             let tiers = RateTier::builder()
@@ -161,7 +171,7 @@ fn app(mode: &str) -> Router {
                 .map_response(insert_fields),
         ),
         other => panic!(
-            "unknown mode {other}: use none, noop, ours, ours-none, governor, governor-plain, fields, fields+id, \
+            "unknown mode {other}: use none, noop, ours, ours-concurrency, ours-none, governor, governor-plain, fields, fields+id, \
              contracts-first or contracts-late"
         ),
     }

@@ -43,3 +43,8 @@ for mode in contracts-first contracts-late; do
   a=$(count "$mode" "$n"); b=$(count "$mode" $((2 * n)))
   printf '%-16s %8d instructions added per request\n' "$mode" $(( (b - a) / n - ${per[none]} ))
 done
+# A tier with a concurrency limit: a slot taken and given back per request
+# (its extra RateLimit item included), against the same tier without one.
+a=$(count ours-concurrency "$n"); b=$(count ours-concurrency $((2 * n)))
+with=$(( (b - a) / n - ${per[none]} ))
+printf '%-16s %8d instructions added per request (%+d against ours)\n' ours-concurrency "$with" $(( with - ours ))

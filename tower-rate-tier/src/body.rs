@@ -12,13 +12,20 @@ use http::Response;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
+use crate::slot::SlotGuard;
+
 pin_project! {
     /// The inner service's body, or the limiter's refusal (a JSON problem
     /// document).
+    ///
+    /// The body of a request that holds a slot of its tier's concurrency
+    /// limit holds it until the body ends (its last frame is read, or it
+    /// fails) or is dropped.
     #[derive(Debug)]
     pub struct ResponseBody<B> {
         #[pin]
         kind: Kind<B>,
+        slot: Option<SlotGuard>,
     }
 }
 
@@ -34,8 +41,14 @@ pin_project! {
 impl<B> ResponseBody<B> {
     /// The inner service's body.
     pub fn inner(body: B) -> Self {
+        ResponseBody::holding(body, None)
+    }
+
+    /// The inner service's body, holding the request's slot until it ends.
+    pub(crate) fn holding(body: B, slot: Option<SlotGuard>) -> Self {
         ResponseBody {
             kind: Kind::Inner { body },
+            slot,
         }
     }
 
@@ -44,6 +57,7 @@ impl<B> ResponseBody<B> {
         let body = (!body.is_empty()).then_some(body);
         ResponseBody {
             kind: Kind::Refusal { body },
+            slot: None,
         }
     }
 
@@ -64,8 +78,21 @@ where
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        match self.project().kind.project() {
-            KindProj::Inner { body } => body.poll_frame(cx),
+        let this = self.project();
+        match this.kind.project() {
+            KindProj::Inner { mut body } => {
+                let frame = body.as_mut().poll_frame(cx);
+                let ended = match &frame {
+                    Poll::Ready(None | Some(Err(_))) => true,
+                    Poll::Ready(Some(Ok(_))) => body.is_end_stream(),
+                    Poll::Pending => false,
+                };
+                if ended {
+                    // the response is over: its slot is given back
+                    this.slot.take();
+                }
+                frame
+            }
             KindProj::Refusal { body } => Poll::Ready(body.take().map(|b| Ok(Frame::data(b)))),
         }
     }

@@ -73,7 +73,7 @@ impl Default for RateLimitHeaders {
 /// The header values of one tier that do not change between decisions.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct TierHeaders {
-    /// `RateLimit-Policy`: every band's item.
+    /// `RateLimit-Policy`: every band's item, then the concurrency item.
     pub(crate) policy: Option<HeaderValue>,
     /// `X-RateLimit-Limit` of each band: its burst.
     pub(crate) limits: Box<[HeaderValue]>,
@@ -84,48 +84,91 @@ pub(crate) struct TierHeaders {
     /// `items` (no quotes, no escapes): what a 429 body's
     /// `violated-policies` lists.
     pub(crate) names: Box<[Box<str>]>,
+    /// The concurrency limit's item, when the tier has one.
+    pub(crate) slots: Option<SlotItem>,
 }
 
+/// The `RateLimit-Policy` item of a tier's concurrency limit
+/// (`"free.concurrency";q=2;qu="concurrent-requests"`): its name and limit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SlotItem {
+    /// The item name as an RFC 8941 string.
+    item: Box<str>,
+    /// The item name as a parser decodes it.
+    pub(crate) name: Box<str>,
+    /// The limit, as `X-RateLimit-Limit` of a concurrency refusal.
+    pub(crate) limit: HeaderValue,
+}
+
+/// The quota unit the draft registers for a concurrency limit.
+pub(crate) const CONCURRENT_REQUESTS: &str = "concurrent-requests";
+
 impl TierHeaders {
-    /// The values of the tier `name` with `bands`.
-    pub(crate) fn new(name: &str, bands: &[Quota]) -> Self {
+    /// The values of the tier `name` with `bands` (none shown when they are
+    /// unlimited) and at most `concurrency` requests of a user in flight.
+    pub(crate) fn new(name: &str, bands: &[Quota], concurrency: Option<u32>) -> Self {
         let names: Box<[Box<str>]> = (0..bands.len())
             .map(|i| policy_name(name, bands.len(), i).into_boxed_str())
             .collect();
-        let items: Box<[Box<str>]> = names
-            .iter()
-            .map(|name| {
-                let mut item = String::with_capacity(name.len() + 2);
-                push_sf_string(&mut item, name);
-                item.into_boxed_str()
-            })
-            .collect();
+        let items: Box<[Box<str>]> = names.iter().map(|name| sf_string(name)).collect();
         let mut policy = String::with_capacity(32);
-        for (i, (quota, item)) in bands.iter().zip(&items).enumerate() {
-            if i > 0 {
+        if !bands.iter().any(Quota::is_unlimited) {
+            for (i, (quota, item)) in bands.iter().zip(&items).enumerate() {
+                if i > 0 {
+                    policy.push_str(", ");
+                }
+                policy.push_str(item);
+                policy.push_str(";q=");
+                policy.push_str(itoa::Buffer::new().format(quota.burst()));
+                policy.push_str(";w=");
+                policy.push_str(itoa::Buffer::new().format(quota.window_secs()));
+            }
+        }
+        let slots = concurrency.map(|limit| {
+            let mut name = policy_name(name, 1, 0);
+            name.push_str(".concurrency");
+            let item = sf_string(&name);
+            if !policy.is_empty() {
                 policy.push_str(", ");
             }
-            policy.push_str(item);
+            policy.push_str(&item);
             policy.push_str(";q=");
-            policy.push_str(itoa::Buffer::new().format(quota.burst()));
-            policy.push_str(";w=");
-            policy.push_str(itoa::Buffer::new().format(quota.window_secs()));
-        }
+            policy.push_str(itoa::Buffer::new().format(limit));
+            policy.push_str(";qu=\"");
+            policy.push_str(CONCURRENT_REQUESTS);
+            policy.push('"');
+            SlotItem {
+                item,
+                name: name.into_boxed_str(),
+                limit: number(u64::from(limit)),
+            }
+        });
         TierHeaders {
-            policy: HeaderValue::try_from(policy).ok(),
+            policy: (!policy.is_empty())
+                .then(|| HeaderValue::try_from(policy).ok())
+                .flatten(),
             limits: bands.iter().map(|q| number(u64::from(q.burst()))).collect(),
             items,
             names,
+            slots,
         }
     }
 
     /// The `RateLimit` value for the bands' states after a decision that
-    /// `allowed` or not, written into a stack buffer first so that the value
-    /// is one allocation of its exact size.
+    /// `allowed` or not, and the concurrency limit's free slots, written
+    /// into a stack buffer first so that the value is one allocation of its
+    /// exact size.
     ///
     /// `t` is the draft's "seconds until additional quota is made
-    /// available" ([`t_secs`]); an item without one has none.
-    pub(crate) fn ratelimit(&self, states: &[BandState], allowed: bool) -> Option<HeaderValue> {
+    /// available" ([`t_secs`]); an item without one has none. The
+    /// concurrency item never has one: a slot comes free when a request
+    /// ends, which no clock tells.
+    pub(crate) fn ratelimit(
+        &self,
+        states: &[BandState],
+        allowed: bool,
+        free: Option<u32>,
+    ) -> Option<HeaderValue> {
         let mut out = Stack::default();
         for (i, (state, item)) in states.iter().zip(&self.items).enumerate() {
             if i > 0 {
@@ -138,6 +181,17 @@ impl TierHeaders {
                 out.push(b";t=");
                 out.push(itoa::Buffer::new().format(t).as_bytes());
             }
+        }
+        if let (Some(slots), Some(free)) = (&self.slots, free) {
+            if !out.as_bytes().is_empty() {
+                out.push(b", ");
+            }
+            out.push(slots.item.as_bytes());
+            out.push(b";r=");
+            out.push(itoa::Buffer::new().format(free).as_bytes());
+        }
+        if out.as_bytes().is_empty() {
+            return None;
         }
         HeaderValue::from_bytes(out.as_bytes()).ok()
     }
@@ -213,6 +267,13 @@ fn policy_name(tier: &str, bands: usize, index: usize) -> String {
     name
 }
 
+/// [`push_sf_string`] into a string of its own.
+fn sf_string(name: &str) -> Box<str> {
+    let mut item = String::with_capacity(name.len() + 2);
+    push_sf_string(&mut item, name);
+    item.into_boxed_str()
+}
+
 /// A tier name as an RFC 8941 string: printable ASCII, with `"` and `\`
 /// escaped; anything else becomes `?`.
 fn push_sf_string(out: &mut String, name: &str) {
@@ -243,7 +304,7 @@ mod tests {
 
     #[test]
     fn tier_values_are_rendered_once() {
-        let h = TierHeaders::new("free", &[Quota::per_second(5), Quota::per_day(100)]);
+        let h = TierHeaders::new("free", &[Quota::per_second(5), Quota::per_day(100)], None);
         assert_eq!(
             h.policy.as_ref().map(|v| v.to_str().unwrap_or_default()),
             Some(r#""free.0";q=5;w=1, "free.1";q=100;w=86400"#)
@@ -265,7 +326,7 @@ mod tests {
         ];
         // a full band has no `t`
         assert_eq!(
-            h.ratelimit(&states, true).unwrap(),
+            h.ratelimit(&states, true, None).unwrap(),
             r#""free.0";r=4;t=1, "free.1";r=100"#
         );
         assert_eq!(&*h.names[1], "free.1");
@@ -285,14 +346,44 @@ mod tests {
             },
         ];
         assert_eq!(
-            h.ratelimit(&denied, false).unwrap(),
+            h.ratelimit(&denied, false, None).unwrap(),
             r#""free.0";r=0;t=1, "free.1";r=90"#
         );
     }
 
     #[test]
+    fn a_concurrency_limit_is_its_own_item() {
+        let h = TierHeaders::new("free", &[Quota::per_minute(20)], Some(2));
+        assert_eq!(
+            h.policy.as_ref().map(|v| v.to_str().unwrap_or_default()),
+            Some(r#""free";q=20;w=60, "free.concurrency";q=2;qu="concurrent-requests""#)
+        );
+        let state = BandState {
+            remaining: 19,
+            reset_after_ns: 3_000_000_000,
+            retry_after_ns: 0,
+            more_after_ns: 3_000_000_000,
+        };
+        assert_eq!(
+            h.ratelimit(&[state], true, Some(1)).unwrap(),
+            r#""free";r=19;t=3, "free.concurrency";r=1"#
+        );
+        // a refusal by concurrency reports the concurrency item only
+        assert_eq!(
+            h.ratelimit(&[], false, Some(0)).unwrap(),
+            r#""free.concurrency";r=0"#
+        );
+        // an unlimited tier shows its concurrency limit alone
+        let h = TierHeaders::new("team", &[Quota::unlimited()], Some(100));
+        assert_eq!(
+            h.policy.as_ref().map(|v| v.to_str().unwrap_or_default()),
+            Some(r#""team.concurrency";q=100;qu="concurrent-requests""#)
+        );
+    }
+
+    #[test]
     fn policy_names_are_what_a_parser_decodes() {
-        let h = TierHeaders::new("fr\"e\\e\u{e9}", &[Quota::per_second(1)]);
+        let h = TierHeaders::new("fr\"e\\e\u{e9}", &[Quota::per_second(1)], None);
         assert_eq!(&*h.names[0], "fr\"e\\e?");
         assert_eq!(
             h.policy.as_ref().map(|v| v.to_str().unwrap_or_default()),

@@ -111,6 +111,7 @@ mod problem;
 pub mod quota;
 mod refusal;
 pub mod response;
+mod slot;
 pub mod storage;
 pub mod tier;
 #[cfg(test)]

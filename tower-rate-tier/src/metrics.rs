@@ -7,6 +7,7 @@
 //! | `tower_rate_tier_storage_duration_seconds` | histogram | `storage` | each storage operation, from the call to its answer ([`MeteredStorage`]) |
 //! | `tower_rate_tier_storage_errors_total` | counter | `storage`, `kind` | failed storage operations ([`MeteredStorage`]); `kind` is `timeout`, `unavailable`, `full` or `other` |
 //! | `tower_rate_tier_deny_cache_hits_total` | counter | `storage` | denials answered by a deny cache without asking the storage ([`MeteredStorage`] around it) |
+//! | `tower_rate_tier_concurrent_requests` | gauge | `tier` | slots of the tier's concurrency limit held now by requests this layer admitted, all users together ([`TierLimitLayer::metrics`](crate::TierLimitLayer::metrics)) |
 //! | `tower_rate_tier_fallback_active` | gauge | `storage` | 1 while a [`Fallback`](crate::storage::Fallback) answers from its local limiter, 0 once the primary answers again ([`MeteredStorage`] around it) |
 //!
 //! The `outcome` of a request ([`Outcome`]):
@@ -15,6 +16,7 @@
 //! | --- | --- | --- |
 //! | `allowed` | the tier charged | admitted (an unlimited tier too) |
 //! | `limited` | the tier charged | refused: the quota is spent (429, or RESOURCE_EXHAUSTED) |
+//! | `concurrency_limited` | the tier charged | refused: the user has as many requests in flight as the tier's concurrency limit (429, or RESOURCE_EXHAUSTED) |
 //! | `shadow_limited` | the tier charged | would have been limited, let through by shadow mode (nothing consumed) |
 //! | `cost_exceeds_limit` | the tier | the cost is above the tier's burst (403) |
 //! | `storage_error_allowed`, `storage_error_denied` | the tier | the storage failed; [`OnStorageError`] let it through or refused it |
@@ -87,6 +89,8 @@
 //! # }
 //! ```
 
+mod slots;
+
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
@@ -101,6 +105,7 @@ use crate::storage::{
     Decide, Decision, DecisionSource, Op, Storage, StorageError, StorageErrorKind, StorageKey,
 };
 use crate::tier::{CheckError, CheckResult, RateTier};
+use slots::SlotGauges;
 
 /// `tower_rate_tier_requests_total{tier, outcome}`.
 pub const REQUESTS_TOTAL: &str = "tower_rate_tier_requests_total";
@@ -114,6 +119,8 @@ pub const DENY_CACHE_HITS_TOTAL: &str = "tower_rate_tier_deny_cache_hits_total";
 /// `tower_rate_tier_fallback_active{storage}` (gauge): 1 while a fallback
 /// answers locally.
 pub const FALLBACK_ACTIVE: &str = "tower_rate_tier_fallback_active";
+/// `tower_rate_tier_concurrent_requests{tier}` (gauge): slots in use.
+pub const CONCURRENT_REQUESTS: &str = "tower_rate_tier_concurrent_requests";
 /// The `tier` label of requests charged to no configured tier.
 pub const UNKNOWN: &str = "unknown";
 
@@ -126,6 +133,11 @@ pub(crate) fn describe_requests() {
         REQUESTS_TOTAL,
         Unit::Count,
         "Requests the rate limiter decided, by tier and outcome (allowed, limited, cost_exceeds_limit, ...)"
+    );
+    metrics::describe_gauge!(
+        CONCURRENT_REQUESTS,
+        Unit::Count,
+        "Slots of the tier's concurrency limit held by requests in flight, all users together"
     );
 }
 
@@ -164,6 +176,9 @@ pub enum Outcome {
     Allowed,
     /// Refused: the quota is spent.
     Limited,
+    /// Refused: the user has as many requests in flight as the tier's
+    /// concurrency limit.
+    ConcurrencyLimited,
     /// Would have been limited under shadow mode. Reserved: not emitted yet.
     ShadowLimited,
     /// The cost is above the tier's burst.
@@ -186,13 +201,14 @@ pub enum Outcome {
     BodyRejected,
 }
 
-const OUTCOMES: usize = 12;
+const OUTCOMES: usize = 13;
 
 impl Outcome {
     /// Every outcome, in label order.
     pub const ALL: [Outcome; OUTCOMES] = [
         Outcome::Allowed,
         Outcome::Limited,
+        Outcome::ConcurrencyLimited,
         Outcome::ShadowLimited,
         Outcome::CostExceedsLimit,
         Outcome::CheckFailed,
@@ -210,6 +226,7 @@ impl Outcome {
         match self {
             Outcome::Allowed => "allowed",
             Outcome::Limited => "limited",
+            Outcome::ConcurrencyLimited => "concurrency_limited",
             Outcome::ShadowLimited => "shadow_limited",
             Outcome::CostExceedsLimit => "cost_exceeds_limit",
             Outcome::CheckFailed => "check_failed",
@@ -229,6 +246,7 @@ impl Outcome {
             self,
             Outcome::Allowed
                 | Outcome::Limited
+                | Outcome::ConcurrencyLimited
                 | Outcome::ShadowLimited
                 | Outcome::CostExceedsLimit
                 | Outcome::CheckFailed
@@ -265,6 +283,8 @@ pub(crate) struct RequestCounters {
     /// ever configured.
     added: dashmap::DashMap<Box<str>, Row, foldhash::fast::RandomState>,
     unknown: Row,
+    /// The gauge of slots in use of each tier with a concurrency limit.
+    gauges: SlotGauges,
 }
 
 impl RequestCounters {
@@ -284,6 +304,7 @@ impl RequestCounters {
             unknown: row(UNKNOWN, |outcome| {
                 !outcome.of_a_tier() && outcome != Outcome::ShadowLimited
             }),
+            gauges: SlotGauges::new(tiers),
         }
     }
 
@@ -316,12 +337,18 @@ impl RequestCounters {
         row[outcome as usize].increment(1);
     }
 
+    /// The gauge of a configured tier's slots in use (never per user).
+    pub(crate) fn slots_in_use(&self, tier: &str) -> metrics::Gauge {
+        self.gauges.get(tier)
+    }
+
     /// Counts a charged request by what its check answered (`shadowed`:
     /// a would-be refusal is let through).
     pub(crate) fn check(&self, tier: &str, result: &CheckResult, policy: OnStorageError, shadowed: bool) {
         let outcome = match result {
             Ok(Ok(_)) => Outcome::Allowed,
             Ok(Err(_)) if shadowed => Outcome::ShadowLimited,
+            Ok(Err(limited)) if limited.is_concurrency_limited() => Outcome::ConcurrencyLimited,
             Ok(Err(_)) => Outcome::Limited,
             Err(CheckError::Storage(_)) if policy == OnStorageError::Allow => Outcome::StorageErrorAllowed,
             Err(CheckError::Storage(_)) => Outcome::StorageErrorDenied,

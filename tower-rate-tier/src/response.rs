@@ -64,8 +64,15 @@ fn insert_common(headers: &mut HeaderMap, info: Fields<'_>, which: RateLimitHead
     let tier = &info.detail.tier.headers;
     // One growth of the map at most, rather than one per field.
     headers.reserve(5);
-    if which.legacy() {
-        if let Some(limit) = tier.limits.get(info.detail.band) {
+    let slots = info.detail.slots;
+    let by_slots = slots.is_some_and(|s| s.refused);
+    if which.legacy() && (by_slots || !info.detail.tier.unlimited) {
+        // a refusal by concurrency reports the concurrency limit
+        let limit = match (&tier.slots, by_slots) {
+            (Some(item), true) => Some(&item.limit),
+            _ => tier.limits.get(info.detail.band),
+        };
+        if let Some(limit) = limit {
             headers.insert(X_RATELIMIT_LIMIT, limit.clone());
         }
         headers.insert(X_RATELIMIT_REMAINING, number(u64::from(info.remaining)));
@@ -75,7 +82,12 @@ fn insert_common(headers: &mut HeaderMap, info: Fields<'_>, which: RateLimitHead
         if let Some(policy) = &tier.policy {
             headers.insert(RATELIMIT_POLICY, policy.clone());
         }
-        if let Some(value) = tier.ratelimit(&info.detail.bands, info.allowed) {
+        let bands: &[crate::storage::BandState] = if info.detail.tier.unlimited {
+            &[]
+        } else {
+            &info.detail.bands
+        };
+        if let Some(value) = tier.ratelimit(bands, info.allowed, slots.map(|s| s.free())) {
             headers.insert(RATELIMIT, value);
         }
     }
@@ -102,7 +114,7 @@ pub fn apply_limited_headers(headers: &mut HeaderMap, limited: &RateLimited) {
 
 /// [`apply_info_headers`] with the chosen fields.
 pub(crate) fn apply_info_fields(headers: &mut HeaderMap, info: &RateLimitInfo, which: RateLimitHeaders) {
-    if info.is_unlimited() || which == RateLimitHeaders::NONE {
+    if (info.is_unlimited() && info.slots().is_none()) || which == RateLimitHeaders::NONE {
         return;
     }
     let fields = Fields {
@@ -138,8 +150,13 @@ pub(crate) fn apply_limited_fields(headers: &mut HeaderMap, limited: &RateLimite
 pub fn too_many_requests(limited: &RateLimited) -> Response<Bytes> {
     let retry = limited.retry_after_secs();
     let violated: Vec<&str> = limited.violated_policies().collect();
+    let detail = if limited.is_concurrency_limited() {
+        "too many requests of this client in flight; retry when one of them has ended"
+    } else {
+        "rate limit exceeded; retry after the number of seconds in `retry_after`"
+    };
     quota_exceeded(
-        "rate limit exceeded; retry after the number of seconds in `retry_after`",
+        detail,
         json!({
             "violated-policies": violated,
             "tier": limited.tier(),

@@ -54,6 +54,8 @@ pub(super) struct Tier {
     pub(super) default: Option<Ident>,
     /// The tier is dark-launched: decided and reported, never refused.
     pub(super) shadow: Option<Ident>,
+    /// At most this many requests of one user in flight.
+    pub(super) concurrent: Option<Keyed<Number<u32>>>,
 }
 
 /// A value with the key that introduced it.
@@ -161,6 +163,7 @@ impl Tier {
             name: None,
             default: None,
             shadow: None,
+            concurrent: None,
         }
     }
 
@@ -207,6 +210,7 @@ impl Tier {
             Key::Default => self.default.is_some(),
             Key::Shadow => self.shadow.is_some(),
             Key::Burst => self.burst.is_some(),
+            Key::Concurrent => self.concurrent.is_some(),
             Key::Name => self.name.is_some(),
             Key::Count => self.count.is_some(),
             Key::PeriodSecs => self.period_secs.is_some(),
@@ -248,6 +252,12 @@ impl Tier {
             }
             Key::Burst => {
                 self.burst = Some(Keyed {
+                    value: number(&key, meta, errors)?,
+                    key,
+                })
+            }
+            Key::Concurrent => {
+                self.concurrent = Some(Keyed {
                     value: number(&key, meta, errors)?,
                     key,
                 })

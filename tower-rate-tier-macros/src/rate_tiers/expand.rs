@@ -128,6 +128,7 @@ fn generate(input: &Input, mode: Mode) -> TokenStream {
     let formatter = Ident::new("__trt_f", Span::mixed_site());
     let default_tier = default_tier(variants);
     let shadowed = shadowed(variants);
+    let concurrency = concurrency(variants);
     let const_checks = variants.iter().map(|v| const_checks(v, ident));
 
     quote! {
@@ -195,6 +196,10 @@ fn generate(input: &Input, mode: Mode) -> TokenStream {
 
             fn tier_shadow(self) -> ::core::primitive::bool {
                 #shadowed
+            }
+
+            fn tier_concurrency(self) -> ::core::option::Option<::core::primitive::u32> {
+                #concurrency
             }
         }
     }
@@ -298,12 +303,17 @@ fn const_checks(variant: &Variant, enum_ident: &Ident) -> TokenStream {
             .iter()
             .map(|burst| (burst.key.to_string(), &burst.value)),
     );
+    numbers.extend(tier.concurrent.iter().map(|c| (c.key.to_string(), &c.value)));
     periods.extend(tier.period_secs.iter().map(|period| &period.value));
 
     let mut checks = Vec::new();
     for (key, value) in numbers {
         if let Number::Const(path) = value {
-            let what = if key == "burst" { "burst" } else { "count" };
+            let what = match key.as_str() {
+                "burst" => "burst",
+                "concurrent" => "concurrency limit",
+                _ => "count",
+            };
             let message = format!(
                 "`{key}` must be at least 1, and `{}` is 0: a zero {what} admits nothing",
                 path_name(path)
@@ -382,6 +392,28 @@ fn shadowed(variants: &[Variant]) -> TokenStream {
         match self {
             #(#arms)*
             _ => false,
+        }
+    }
+}
+
+/// The body of `TierTable::tier_concurrency`: the `concurrent` limit of
+/// `self`, if it has one.
+fn concurrency(variants: &[Variant]) -> TokenStream {
+    let arms = variants.iter().filter_map(|v| {
+        let concurrent = v.tier.as_ref()?.concurrent.as_ref()?;
+        if let Number::Lit { value: None, .. } = concurrent.value {
+            // reported already
+            return None;
+        }
+        let limit = number(&concurrent.value, "u32", Literal::u32_unsuffixed);
+        let (ident, cfgs) = (&v.ident, &v.cfgs);
+        Some(quote!(#(#cfgs)* Self::#ident => ::core::option::Option::Some(#limit),))
+    });
+    quote! {
+        #[allow(unreachable_patterns)]
+        match self {
+            #(#arms)*
+            _ => ::core::option::Option::None,
         }
     }
 }

@@ -14,6 +14,8 @@ pub(super) enum Key {
     Name,
     Default,
     Shadow,
+    /// `concurrent = n`: at most `n` requests of one user in flight.
+    Concurrent,
 }
 
 /// A period that has its own key.
@@ -27,7 +29,7 @@ pub(super) enum Unit {
 }
 
 /// Every key, in the order the messages list them.
-const KEYS: [(&str, Key); 12] = [
+const KEYS: [(&str, Key); 13] = [
     ("per_second", Key::Band(Unit::Second)),
     ("per_minute", Key::Band(Unit::Minute)),
     ("per_hour", Key::Band(Unit::Hour)),
@@ -37,6 +39,7 @@ const KEYS: [(&str, Key); 12] = [
     ("period_secs", Key::PeriodSecs),
     ("unlimited", Key::Unlimited),
     ("burst", Key::Burst),
+    ("concurrent", Key::Concurrent),
     ("name", Key::Name),
     ("default", Key::Default),
     ("shadow", Key::Shadow),

@@ -168,5 +168,11 @@ impl Tier {
                 "`burst` must be at least 1: a zero burst admits nothing",
             );
         }
+        if let Some(concurrent) = self.concurrent.as_ref().filter(|c| c.value.is_zero_literal()) {
+            errors.at(
+                concurrent.value.span(),
+                "`concurrent` must be at least 1: a limit of 0 requests in flight admits nothing",
+            );
+        }
     }
 }

@@ -99,6 +99,14 @@ pub(crate) struct Charge {
 #[derive(Clone, Default)]
 pub(crate) struct Charges(pub(crate) SmallVec<[Arc<Charge>; 2]>);
 
+impl crate::slot::SlotOwner for Charge {
+    /// Gives back the slot of `lease`, taken under this charge's user and
+    /// tier.
+    fn release_slot(&self, lease: crate::storage::Lease) -> crate::storage::Decide {
+        self.ledger.tiers.release(&self.user, &self.tier, lease)
+    }
+}
+
 impl Charge {
     pub(crate) fn new(
         ledger: Arc<Ledger>,
@@ -114,6 +122,12 @@ impl Charge {
             route,
             state: Mutex::new(state),
         }
+    }
+
+    /// The name of the tier charged.
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    pub(crate) fn tier_name(&self) -> &str {
+        &self.tier.name
     }
 
     fn lock(&self) -> MutexGuard<'_, ChargeState> {
@@ -285,7 +299,7 @@ impl Charge {
     }
 
     async fn charge(&self, cost: u32) -> crate::tier::CheckResult {
-        match self.ledger.tiers.begin(&self.user, &self.tier, cost) {
+        match self.ledger.tiers.begin(&self.user, &self.tier, cost, false) {
             Ok(decide) => conclude(&self.tier, decide.await),
             Err(answered) => answered,
         }

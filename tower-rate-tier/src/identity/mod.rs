@@ -210,13 +210,39 @@ impl TierIdentity {
     /// assert_eq!(contract.quotas(), Some(&[Quota::per_hour(50_000)][..]));
     /// ```
     pub fn with_quotas(mut self, quotas: impl IntoQuotas) -> Self {
-        self.quotas = Some(Arc::new(OwnQuotas::new(quotas.into_quotas())));
+        let concurrency = self.quotas.as_deref().and_then(OwnQuotas::concurrency);
+        let bands = Some(quotas.into_quotas().into());
+        self.quotas = Some(Arc::new(OwnQuotas::new(bands, concurrency)));
+        self
+    }
+
+    /// Gives this identity a concurrency limit of its own: at most `limit`
+    /// of its requests in flight at once, in place of its tier's
+    /// ([`RateTierBuilder::tier_concurrency`](crate::RateTierBuilder::tier_concurrency)),
+    /// also on a tier without one. Its rate stays the tier's (or its own,
+    /// with [`with_quotas`](Self::with_quotas), in either order). A limit of
+    /// 0 is ignored with a warning and the tier's is used.
+    ///
+    /// ```
+    /// use tower_rate_tier::{Quota, TierIdentity};
+    ///
+    /// let contract = TierIdentity::new("acme", "pro").with_concurrency(20).with_quotas(Quota::per_hour(50_000));
+    /// assert_eq!(contract.concurrency(), Some(20));
+    /// ```
+    pub fn with_concurrency(mut self, limit: u32) -> Self {
+        let bands = self.quotas.as_deref().and_then(OwnQuotas::bands).map(Box::from);
+        self.quotas = Some(Arc::new(OwnQuotas::new(bands, Some(limit))));
         self
     }
 
     /// The identity's own bands, if it has any.
     pub fn quotas(&self) -> Option<&[Quota]> {
-        self.quotas.as_deref().map(OwnQuotas::bands)
+        self.quotas.as_deref().and_then(OwnQuotas::bands)
+    }
+
+    /// The identity's own concurrency limit, if it has one.
+    pub fn concurrency(&self) -> Option<u32> {
+        self.quotas.as_deref().and_then(OwnQuotas::concurrency)
     }
 
     /// The identity's own bands with what the limiter built of them.

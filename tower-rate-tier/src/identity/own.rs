@@ -4,6 +4,7 @@
 
 use std::fmt;
 use std::hash::{Hash, Hasher};
+use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use crate::quota::Quota;
@@ -15,7 +16,11 @@ use crate::tier::{BuildError, TierEntry};
 /// entry built: a request with its own quotas builds nothing. Nothing is
 /// kept outside the value: a contract no identity holds any more is gone.
 pub(crate) struct OwnQuotas {
-    bands: Box<[Quota]>,
+    /// Bands of its own; `None` for the tier's.
+    bands: Option<Box<[Quota]>>,
+    /// A concurrency limit of its own (0 is refused when the entry is
+    /// built); `None` for the tier's.
+    concurrency: Option<u32>,
     built: Mutex<Option<Built>>,
 }
 
@@ -27,15 +32,20 @@ struct Built {
 }
 
 impl OwnQuotas {
-    pub(crate) fn new(bands: Vec<Quota>) -> Self {
+    pub(crate) fn new(bands: Option<Box<[Quota]>>, concurrency: Option<u32>) -> Self {
         OwnQuotas {
-            bands: bands.into(),
+            bands,
+            concurrency,
             built: Mutex::new(None),
         }
     }
 
-    pub(crate) fn bands(&self) -> &[Quota] {
-        &self.bands
+    pub(crate) fn bands(&self) -> Option<&[Quota]> {
+        self.bands.as_deref()
+    }
+
+    pub(crate) fn concurrency(&self) -> Option<u32> {
+        self.concurrency
     }
 
     /// `tier` with these bands: the entry built for it before, else built
@@ -48,7 +58,13 @@ impl OwnQuotas {
                 return Ok(built.entry.clone());
             }
         }
-        let entry = Arc::new(TierEntry::own(tier, &self.bands)?);
+        let concurrency = match self.concurrency {
+            Some(n) => {
+                Some(NonZeroU32::new(n).ok_or_else(|| BuildError::ZeroConcurrency(tier.name.to_string()))?)
+            }
+            None => None,
+        };
+        let entry = Arc::new(TierEntry::own(tier, self.bands.as_deref(), concurrency)?);
         *built = Some(Built {
             base: Arc::downgrade(tier),
             entry: entry.clone(),
@@ -59,7 +75,7 @@ impl OwnQuotas {
 
 impl PartialEq for OwnQuotas {
     fn eq(&self, other: &Self) -> bool {
-        self.bands == other.bands
+        self.bands == other.bands && self.concurrency == other.concurrency
     }
 }
 
@@ -68,11 +84,15 @@ impl Eq for OwnQuotas {}
 impl Hash for OwnQuotas {
     fn hash<H: Hasher>(&self, state: &mut H) {
         self.bands.hash(state);
+        self.concurrency.hash(state);
     }
 }
 
 impl fmt::Debug for OwnQuotas {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.bands.fmt(f)
+        f.debug_struct("OwnQuotas")
+            .field("bands", &self.bands)
+            .field("concurrency", &self.concurrency)
+            .finish()
     }
 }

@@ -14,7 +14,8 @@ use crate::identity::{ANONYMOUS_PREFIX, OwnQuotas, TierIdentity};
 use crate::policy::{OnMissing, OnUnknownTier};
 use crate::problem::problem;
 use crate::refusal::Refusals;
-use crate::storage::{Decide, DecisionSource};
+use crate::slot::SlotGuard;
+use crate::storage::{Decide, DecisionSource, StorageError, StorageErrorKind};
 use crate::tier::{CheckError, CheckResult, MAX_USER_ID_LEN, TierEntry, conclude};
 
 /// The key `ClientAddrs::anonymous_key` gives an unidentified client
@@ -23,8 +24,10 @@ const NO_ADDRESS_KEY: &str = "\0anonymous";
 
 /// What the limiter decided about a request.
 pub(crate) enum Admission {
-    /// Call the inner service; the charge adds headers on the way out.
-    Pass(Option<Arc<Charge>>),
+    /// Call the inner service; the charge adds headers on the way out, and
+    /// the request holds its slot (a tier with a concurrency limit) until
+    /// its response is over.
+    Pass(Option<Arc<Charge>>, Option<SlotGuard>),
     /// Answer without calling the inner service.
     Refuse(http::Response<bytes::Bytes>),
 }
@@ -149,7 +152,7 @@ impl Shared {
     /// Asks the storage to decide the bill: the outcome, or the storage's
     /// answer to wait for.
     pub(crate) fn decide(&self, bill: &Bill) -> Result<CheckResult, Decide> {
-        match self.ledger.tiers.begin(&bill.user, &bill.tier, bill.cost) {
+        match self.ledger.tiers.begin(&bill.user, &bill.tier, bill.cost, true) {
             Err(answered) => Ok(answered),
             Ok(decide) => decide.into_ready().map(|decision| conclude(&bill.tier, decision)),
         }
@@ -207,6 +210,16 @@ impl Shared {
             priced,
         } = bill;
         let learned = priced != Priced::Fresh;
+        let result = match result {
+            Ok(Ok(info)) if tier.concurrency.is_some() && info.slots().and_then(|s| s.lease).is_none() => {
+                Err(CheckError::Storage(StorageError::new(
+                    StorageErrorKind::Other,
+                    "the storage admitted a request of a tier with a concurrency limit without taking a slot: \
+                     it does not count requests in flight (`Op::Acquire`)",
+                )))
+            }
+            other => other,
+        };
         #[cfg(feature = "metrics")]
         if let Some(counters) = &self.metrics {
             let shadowed = self.ledger.shadowed(&tier);
@@ -237,7 +250,9 @@ impl Shared {
                 } else {
                     self.route_key(head)
                 };
-                let (outcome, source) = if info.is_unlimited() {
+                let lease = info.slots().and_then(|s| s.lease);
+                // an unlimited tier with a concurrency limit reports its slots
+                let (outcome, source) = if info.is_unlimited() && lease.is_none() {
                     (Outcome::Bypass, Source::Edge)
                 } else {
                     (Outcome::Admitted(info), source)
@@ -245,7 +260,8 @@ impl Shared {
                 let state = ChargeState::new(cost, source, outcome, learned);
                 let charge = Arc::new(Charge::new(self.ledger.clone(), user, tier, route, state));
                 attach(head, &charge);
-                Admission::Pass(Some(charge))
+                let slot = lease.map(|lease| self.slot(&charge, lease));
+                Admission::Pass(Some(charge), slot)
             }
             Ok(Err(limited)) if self.ledger.shadowed(&tier) => {
                 // Shadow mode: reported, let through, nothing consumed.
@@ -253,7 +269,7 @@ impl Shared {
                 let state = ChargeState::new(0, Source::Edge, Outcome::Shadowed(limited), learned);
                 let charge = Arc::new(Charge::new(self.ledger.clone(), user, tier, None, state));
                 attach(head, &charge);
-                Admission::Pass(Some(charge))
+                Admission::Pass(Some(charge), None)
             }
             Ok(Err(limited)) => Admission::Refuse(self.ledger.refusals.limited(&user, cost, &limited)),
             Err(error @ CheckError::CostExceedsLimit { .. }) if self.ledger.shadowed(&tier) => {
@@ -283,7 +299,16 @@ impl Shared {
             ChargeState::bypass(),
         ));
         attach(head, &charge);
-        Admission::Pass(Some(charge))
+        Admission::Pass(Some(charge), None)
+    }
+
+    /// The guard of the slot `lease` an admitted request took, counted in
+    /// its tier's gauge of slots in use.
+    fn slot(&self, charge: &Arc<Charge>, lease: crate::storage::Lease) -> SlotGuard {
+        let guard = SlotGuard::new(charge.clone(), lease);
+        #[cfg(feature = "metrics")]
+        let guard = guard.counted(self.metrics.as_ref().map(|m| m.slots_in_use(charge.tier_name())));
+        guard
     }
 
     /// The cost known before the route runs, who set it, and whether it
@@ -348,7 +373,7 @@ impl Shared {
                 "the client's tier is not configured",
                 serde_json::Value::Null,
             ))),
-            OnUnknownTier::Allow => Err(Admission::Pass(self.pass_uncounted(head))),
+            OnUnknownTier::Allow => Err(Admission::Pass(self.pass_uncounted(head), None)),
         }
     }
 
@@ -375,7 +400,7 @@ impl Shared {
                     serde_json::Value::Null,
                 ))),
             },
-            OnMissing::Allow => Err(Admission::Pass(self.pass_uncounted(head))),
+            OnMissing::Allow => Err(Admission::Pass(self.pass_uncounted(head), None)),
             OnMissing::Deny(status) => Err(Admission::Refuse(problem(
                 status,
                 "the client is not identified",

@@ -12,6 +12,7 @@ use pin_project_lite::pin_project;
 
 use crate::body::ResponseBody;
 use crate::cost::Charge;
+use crate::slot::SlotGuard;
 
 pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
@@ -29,7 +30,9 @@ pin_project! {
     enum Kind<F, B, E> {
         // Admitted at once: the inner service runs; headers are added on the
         // way out.
-        Inner { #[pin] future: F, charge: Option<Arc<Charge>> },
+        // A request that holds a slot keeps it here until the inner service
+        // answers, then in the body.
+        Inner { #[pin] future: F, charge: Option<Arc<Charge>>, slot: Option<SlotGuard> },
         // Refused: the inner service was never called.
         Refused { response: Option<Response<Bytes>> },
         // The identifier, the body or the storage waits: the whole serve
@@ -39,9 +42,9 @@ pin_project! {
 }
 
 impl<F, B, E> ResponseFuture<F, B, E> {
-    pub(crate) fn inner(future: F, charge: Option<Arc<Charge>>) -> Self {
+    pub(crate) fn inner(future: F, charge: Option<Arc<Charge>>, slot: Option<SlotGuard>) -> Self {
         ResponseFuture {
-            kind: Kind::Inner { future, charge },
+            kind: Kind::Inner { future, charge, slot },
         }
     }
 
@@ -60,15 +63,17 @@ impl<F, B, E> ResponseFuture<F, B, E> {
     }
 }
 
-/// The inner service's response on its way out: the charge's headers added.
+/// The inner service's response on its way out: the charge's headers
+/// added, the request's slot handed to the body.
 pub(crate) fn finish<B>(
     mut response: Response<B>,
     charge: Option<&Arc<Charge>>,
+    slot: Option<SlotGuard>,
 ) -> Response<ResponseBody<B>> {
     if let Some(charge) = charge {
         charge.finish(&mut response);
     }
-    response.map(ResponseBody::inner)
+    response.map(|body| ResponseBody::holding(body, slot))
 }
 
 impl<F, B, E> Future for ResponseFuture<F, B, E>
@@ -79,9 +84,11 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().kind.project() {
-            KindProj::Inner { future, charge } => {
-                let response = ready!(future.poll(cx))?;
-                Poll::Ready(Ok(finish(response, charge.take().as_ref())))
+            KindProj::Inner { future, charge, slot } => {
+                let response = ready!(future.poll(cx));
+                // the inner service failed: its slot is given back now
+                let slot = slot.take();
+                Poll::Ready(Ok(finish(response?, charge.take().as_ref(), slot)))
             }
             KindProj::Refused { response } => match response.take() {
                 Some(response) => Poll::Ready(Ok(crate::body::refusal(response))),

@@ -118,7 +118,7 @@ impl<S> TierLimitService<S> {
         S: Service<Request<ReqB>, Response = Response<ResB>>,
     {
         match admission {
-            Admission::Pass(charge) => ResponseFuture::inner(self.inner.call(req), charge),
+            Admission::Pass(charge, slot) => ResponseFuture::inner(self.inner.call(req), charge, slot),
             Admission::Refuse(response) => {
                 ResponseFuture::refuse(self.shared.answer(req.headers(), response))
             }
@@ -182,9 +182,10 @@ where
         Err(answered) => answered,
     };
     match admission {
-        Admission::Pass(charge) => {
+        Admission::Pass(charge, slot) => {
+            // a failure of the inner service drops the slot here
             let response = inner.call(Request::from_parts(parts, body)).await?;
-            Ok(finish(response, charge.as_ref()))
+            Ok(finish(response, charge.as_ref(), slot))
         }
         Admission::Refuse(response) => Ok(crate::body::refusal(shared.answer(&parts.headers, response))),
     }

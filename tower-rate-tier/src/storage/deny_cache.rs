@@ -32,6 +32,12 @@
 //! a sweep is simply not cached. Only decisions the storage itself made are
 //! kept ([`DecisionSource::Storage`]), never a fallback's.
 //!
+//! Concurrency limits: a refusal for want of a free slot is never kept (a
+//! slot comes free when a request ends, which no time in the cache tells),
+//! and a release always reaches the storage. A request that would take a
+//! slot is refused from the cache when its rate is known spent, taking no
+//! slot.
+//!
 //! The Redis storage has this cache built in (on by default; see
 //! `RedisStorageBuilder::deny_cache`). Around another storage:
 //!
@@ -185,12 +191,15 @@ impl DenyTable {
     ) -> Decide {
         let name = encode(key);
         match op {
-            Op::Charge(cost) if cost > 0 => {
+            // A rate the cache knows spent refuses a request that would
+            // take a slot too (it takes none).
+            Op::Charge(cost) | Op::Acquire { cost, .. } if cost > 0 => {
                 if let Some(denied) = self.check(&name, bands, cost, now) {
                     return Decide::ready(Ok(denied));
                 }
             }
-            Op::Charge(_) => {}
+            Op::Charge(_) | Op::Acquire { .. } => {}
+            Op::Release(_) => return forward(),
             Op::Refund(_) => {
                 self.forget(&name);
                 return forward();
@@ -234,7 +243,10 @@ impl DenyTable {
     /// denial always (room permitting), anything else only to refresh an
     /// entry the key has.
     fn record(&self, name: KeyBuf, bands: &[Quota], sent_at: Nanos, decision: &Decision) {
-        if decision.source != DecisionSource::Storage || decision.bands.len() != bands.len() {
+        // A refusal for want of a slot is never kept: a slot comes free
+        // when a request ends, which no time in the cache can tell.
+        let by_slots = decision.slots.is_some_and(|s| s.refused);
+        if by_slots || decision.source != DecisionSource::Storage || decision.bands.len() != bands.len() {
             return;
         }
         let mut entry = Entry {

@@ -62,6 +62,9 @@
 //! scaled burst (but not more than the full one) is denied with a 429, as a
 //! spent quota would be; it is never a 403. `X-RateLimit-Limit` still names
 //! the configured burst; `Remaining` and the reset count from the share.
+//! A concurrency limit is scaled the same way (`ceil(limit × share)` slots,
+//! at least 1); a slot taken locally and still held when the primary is
+//! back is left to its lease.
 //! The local state of an outage starts empty: during an outage a client
 //! gets up to its share, whatever it had used in the primary. An outage
 //! that starts within [`continue_within`](FallbackBuilder::continue_within)

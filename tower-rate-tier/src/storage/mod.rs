@@ -13,6 +13,14 @@
 //! no future, no allocation) or a future (Redis). Storages wrap storages by
 //! calling the inner one's `decide` and passing its answer on, or mapping it.
 //!
+//! A tier with a concurrency limit asks for [`Op::Acquire`] (take one of the
+//! key's slots and charge its bands, in one decision) and later
+//! [`Op::Release`] (give the slot back): see [`slots`]. A storage that wraps
+//! another passes them on like any operation; one that counts no slots
+//! answers an `Acquire` as a charge ([`decide_bands`] does), and the limiter
+//! then treats a tier with a concurrency limit as a storage failure rather
+//! than letting it pass uncounted.
+//!
 //! [`MemoryStorage`] is the default. The Redis storage (feature `redis`,
 //! `RedisStorage`) shares one quota between many processes.
 //!
@@ -65,13 +73,17 @@ use std::task::{Context, Poll};
 use crate::clock::{Clock, Nanos};
 use crate::quota::Quota;
 
+mod band;
 pub mod deny_cache;
 mod error;
 pub mod fallback;
 mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
+pub mod slots;
 
+pub(crate) use self::band::window_ms;
+pub use self::band::{BandName, band_names};
 pub use self::deny_cache::DenyCache;
 pub use self::error::{StorageError, StorageErrorKind};
 pub use self::fallback::{Fallback, FallbackBuilder};
@@ -79,6 +91,7 @@ pub use self::fallback::{Fallback, FallbackBuilder};
 pub use self::redis::{RedisStorage, RedisStorageBuilder};
 pub use crate::gcra::BandState;
 pub use memory::{MemoryStorage, MemoryStorageBuilder};
+pub use slots::{Lease, LeaseSet, SlotState, Slots};
 
 /// The most bands one tier may have. Per-band states travel inline for one
 /// band (no allocation per check), so this also bounds every decision.
@@ -103,13 +116,37 @@ pub enum Op {
     Charge(u32),
     /// Give `n` units back to every band (never below a fresh state).
     Refund(u32),
+    /// Take one of the key's `slots` (a request in flight) and charge
+    /// `cost` in every band, in one decision: when no slot is free nothing
+    /// is charged, and when a band denies the slot is given back. The
+    /// answer's [`Decision::slots`] says which; see [`slots`].
+    Acquire {
+        /// The units charged in every band.
+        cost: u32,
+        /// The concurrency limit.
+        slots: Slots,
+    },
+    /// Give back the slot of a [`Lease`] an [`Op::Acquire`] took; no band
+    /// changes (the answer's band states may be empty).
+    Release(Lease),
 }
 
 impl Op {
-    /// The units the operation moves.
+    /// The units the operation moves in the bands.
     pub fn units(self) -> u32 {
         match self {
-            Op::Charge(n) | Op::Refund(n) => n,
+            Op::Charge(n) | Op::Refund(n) | Op::Acquire { cost: n, .. } => n,
+            Op::Release(_) => 0,
+        }
+    }
+
+    /// The operation on the bands alone: an [`Op::Acquire`] is an
+    /// [`Op::Charge`] of its cost, an [`Op::Release`] a peek.
+    pub fn on_bands(self) -> Op {
+        match self {
+            Op::Acquire { cost, .. } => Op::Charge(cost),
+            Op::Release(_) => Op::Charge(0),
+            op => op,
         }
     }
 }
@@ -195,6 +232,10 @@ pub struct Decision {
     pub bands: BandStates,
     /// Who decided.
     pub source: DecisionSource,
+    /// The key's slots after an [`Op::Acquire`] or [`Op::Release`];
+    /// `None` for other operations, or from a storage that does not count
+    /// requests in flight.
+    pub slots: Option<SlotState>,
 }
 
 impl Decision {
@@ -205,7 +246,14 @@ impl Decision {
             now,
             bands,
             source: DecisionSource::Storage,
+            slots: None,
         }
+    }
+
+    /// The same decision with the key's slots after it.
+    pub fn with_slots(mut self, slots: SlotState) -> Self {
+        self.slots = Some(slots);
+        self
     }
 
     /// The same decision, reported as made by `source`.
@@ -334,6 +382,7 @@ impl<S: Storage + ?Sized> Storage for Box<S> {
 /// ```
 #[inline]
 pub fn decide_bands(tats: &mut [Option<Nanos>], now: Nanos, bands: &[Quota], op: Op) -> Decision {
+    let op = op.on_bands();
     if let ([tat], [quota], Op::Charge(cost)) = (&mut *tats, bands, op) {
         // One band: its decision is the whole decision.
         let d = crate::gcra::decide(*tat, now, quota, cost);
@@ -347,8 +396,9 @@ pub fn decide_bands(tats: &mut [Option<Nanos>], now: Nanos, bands: &[Quota], op:
 
 /// [`decide_bands`] for a refund, or for several bands.
 fn decide_many(tats: &mut [Option<Nanos>], now: Nanos, bands: &[Quota], op: Op) -> Decision {
-    let cost = match op {
-        Op::Charge(cost) => cost,
+    let cost = match op.on_bands() {
+        Op::Charge(cost) | Op::Acquire { cost, .. } => cost,
+        Op::Release(_) => 0,
         Op::Refund(units) => {
             for (tat, quota) in tats.iter_mut().zip(bands) {
                 *tat = crate::gcra::refund(*tat, now, quota, units);
@@ -389,70 +439,9 @@ fn decide_many(tats: &mut [Option<Nanos>], now: Nanos, bands: &[Quota], op: Op) 
     Decision::new(allowed, now, states)
 }
 
-/// A name for each band of a tier that stays the same when bands are added,
-/// removed or reordered: its refill window in milliseconds (to the nearest
-/// one, so that `per_second(3)`, whose interval is rounded up to
-/// 333,333,334 ns, is a one-second band as `per_second(2)` is), and a
-/// counter telling apart bands of one tier with the same window. Storages
-/// key a band's state by it, so a band keeps its state across configuration
-/// changes that keep its window.
-pub fn band_names(bands: &[Quota]) -> impl Iterator<Item = BandName> + '_ {
-    bands.iter().enumerate().map(|(i, quota)| {
-        let window_ms = window_ms(quota);
-        let repeat = bands[..i].iter().filter(|q| window_ms_eq(q, window_ms)).count();
-        BandName {
-            window_ms,
-            repeat: u8::try_from(repeat).unwrap_or(u8::MAX),
-        }
-    })
-}
-
-fn window_ms(quota: &Quota) -> u64 {
-    quota.refill_nanos().saturating_add(500_000) / 1_000_000
-}
-
-fn window_ms_eq(quota: &Quota, ms: u64) -> bool {
-    window_ms(quota) == ms
-}
-
-/// The stable name of one band of a tier; see [`band_names`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct BandName {
-    /// The band's refill window in milliseconds, to the nearest one.
-    pub window_ms: u64,
-    /// How many earlier bands of the tier have the same window.
-    pub repeat: u8,
-}
-
-impl fmt::Display for BandName {
-    /// `w3600000`, or `w3600000.1` for a repeated window.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "w{}", self.window_ms)?;
-        if self.repeat > 0 {
-            write!(f, ".{}", self.repeat)?;
-        }
-        Ok(())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn band_names_are_stable_and_distinct() {
-        let bands = [Quota::per_second(5), Quota::per_day(100), Quota::per_second(10)];
-        let names: Vec<String> = band_names(&bands).map(|n| n.to_string()).collect();
-        assert_eq!(names, ["w1000", "w86400000", "w1000.1"]);
-        assert_eq!(
-            band_names(&[Quota::per_second(3)]).next().map(|n| n.to_string()),
-            Some("w1000".into())
-        );
-        // a raise that keeps the period keeps the name
-        let raised: Vec<BandName> = band_names(&[Quota::per_hour(200)]).collect();
-        let before: Vec<BandName> = band_names(&[Quota::per_hour(100)]).collect();
-        assert_eq!(raised, before);
-    }
 
     #[test]
     fn a_denied_charge_writes_nothing_but_clamps() {

@@ -2,7 +2,9 @@
 
 use std::borrow::Cow;
 use std::fmt;
+use std::num::NonZeroU32;
 use std::sync::Arc;
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
@@ -33,6 +35,11 @@ pub enum BuildError {
     InvalidName(String),
     /// A tier given to `shadow_tier` is not configured.
     UnknownShadowTier(String),
+    /// A tier given to `tier_concurrency` is not configured.
+    UnknownConcurrencyTier(String),
+    /// A concurrency limit of 0 (no request could ever pass): for the tier
+    /// named.
+    ZeroConcurrency(String),
 }
 
 impl fmt::Display for BuildError {
@@ -50,6 +57,16 @@ impl fmt::Display for BuildError {
             BuildError::NoBands(t) => write!(f, "tier `{t}` has no quota"),
             BuildError::TooManyBands(t) => write!(f, "tier `{t}` has more than {MAX_BANDS} bands"),
             BuildError::UnknownShadowTier(t) => write!(f, "the shadowed tier `{t}` is not a configured tier"),
+            BuildError::UnknownConcurrencyTier(t) => {
+                write!(
+                    f,
+                    "the tier `{t}` given a concurrency limit is not a configured tier"
+                )
+            }
+            BuildError::ZeroConcurrency(t) => write!(
+                f,
+                "tier `{t}` has a concurrency limit of 0, which no request could pass: give at least 1"
+            ),
             BuildError::InvalidName(t) => {
                 write!(
                     f,
@@ -72,7 +89,13 @@ pub struct RateTierBuilder {
     storage: Option<Arc<dyn Storage>>,
     namespace: String,
     shadowed: Vec<Cow<'static, str>>,
+    concurrency: Vec<(Cow<'static, str>, u32)>,
+    lease: Option<Duration>,
 }
+
+/// How long a slot counts as in use when it is not given back
+/// (`RateTierBuilder::concurrency_lease`).
+pub const DEFAULT_CONCURRENCY_LEASE: Duration = Duration::from_secs(120);
 
 impl RateTierBuilder {
     /// Adds a tier: one [`Quota`], or several bands that must all admit a
@@ -89,6 +112,9 @@ impl RateTierBuilder {
             self = self.tier(tier.tier_name(), tier.tier_quotas());
             if tier.tier_shadow() {
                 self = self.shadow_tier(tier.tier_name());
+            }
+            if let Some(n) = tier.tier_concurrency() {
+                self = self.tier_concurrency(tier.tier_name(), n);
             }
         }
         if let Some(default) = T::default_tier() {
@@ -134,6 +160,47 @@ impl RateTierBuilder {
         self
     }
 
+    /// At most `limit` requests of one user of `tier` in flight at once,
+    /// across every route under the layer, besides the tier's rate: a
+    /// request over the limit is refused 429 with `Retry-After: 1` and the
+    /// `RateLimit-Policy` item `"<tier>.concurrency";q=<limit>;qu="concurrent-requests"`.
+    /// A slot is held from admission until the response is over (its body
+    /// ended or dropped, the request future dropped, the inner service
+    /// failed), at most for the [lease](Self::concurrency_lease). An
+    /// unlimited tier may have one. Naming a tier that is not configured,
+    /// or a limit of 0, is a build error; a tier named twice keeps the
+    /// last limit. [`TierIdentity::with_concurrency`](crate::TierIdentity::with_concurrency)
+    /// gives one customer a limit of its own.
+    ///
+    /// ```
+    /// use tower_rate_tier::{BuildError, Quota, RateTier};
+    ///
+    /// let tiers = RateTier::builder().tier("free", Quota::per_minute(20)).tier_concurrency("free", 2).build();
+    /// assert_eq!(tiers.concurrency("free"), Some(2));
+    /// let zero = RateTier::builder().tier("free", Quota::per_minute(20)).tier_concurrency("free", 0).try_build();
+    /// assert_eq!(zero.unwrap_err(), BuildError::ZeroConcurrency("free".into()));
+    /// ```
+    pub fn tier_concurrency(mut self, tier: impl IntoTierName, limit: u32) -> Self {
+        self.concurrency.push((tier.into_tier_name(), limit));
+        self
+    }
+
+    /// How long a slot of a concurrency limit counts as in use when it is
+    /// not given back (default [`DEFAULT_CONCURRENCY_LEASE`], 2 minutes; at
+    /// least 1 ms). A request normally gives its slot back when its response
+    /// ends; the lease bounds what a slot that is never given back costs: a
+    /// process that died holding slots in a shared storage, a failed
+    /// release, a body a stalled connection keeps alive. It also bounds how
+    /// long one request is counted: a response still streaming after the
+    /// lease no longer holds a slot. The default is longer than the read
+    /// timeouts of common proxies (60 s for nginx and many load balancers),
+    /// so a request they still serve stays counted, and short enough that a
+    /// crashed instance's slots come back within minutes.
+    pub fn concurrency_lease(mut self, lease: Duration) -> Self {
+        self.lease = Some(lease.max(Duration::from_millis(1)));
+        self
+    }
+
     /// A key namespace, so that several limiters can share one storage
     /// without sharing quotas (default empty).
     pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
@@ -169,6 +236,14 @@ impl RateTierBuilder {
             entry.shadow = self.shadowed.contains(&name);
             tiers.push(entry);
         }
+        for (name, limit) in self.concurrency {
+            let limit =
+                NonZeroU32::new(limit).ok_or_else(|| BuildError::ZeroConcurrency(name.to_string()))?;
+            let Some(entry) = tiers.iter_mut().find(|t| *t.name == *name) else {
+                return Err(BuildError::UnknownConcurrencyTier(name.to_string()));
+            };
+            *entry = entry.clone().with_concurrency(Some(limit));
+        }
         if let Some(name) = self
             .shadowed
             .iter()
@@ -188,6 +263,7 @@ impl RateTierBuilder {
                 storage,
                 clock,
                 namespace: self.namespace.into(),
+                lease: self.lease.unwrap_or(DEFAULT_CONCURRENCY_LEASE),
             }),
         })
     }

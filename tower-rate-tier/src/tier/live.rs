@@ -32,6 +32,8 @@
 //! configuration). Instances that share a Redis storage share the state of
 //! the bands whose windows they agree on.
 
+use std::num::NonZeroU32;
+
 use super::table::Table;
 use super::{BuildError, RateTier, TierEntry};
 use crate::quota::IntoQuotas;
@@ -58,11 +60,53 @@ impl RateTier {
         let name = name.into_tier_name();
         let mut entry = TierEntry::new(&name, quotas.into_quotas())?;
         self.inner.table.rcu(|table| {
-            // a shadowed tier stays shadowed
-            entry.shadow = table.find(&name).is_some_and(|t| t.shadow);
-            table.with(entry.clone())
+            // a shadowed tier stays shadowed; its concurrency limit stays
+            let old = table.find(&name);
+            entry.shadow = old.is_some_and(|t| t.shadow);
+            let entry = entry.clone().with_concurrency(old.and_then(|t| t.concurrency));
+            table.with(entry)
         });
         Ok(())
+    }
+
+    /// Sets (`Some(n)`) or lifts (`None`) the concurrency limit of the tier
+    /// `name` for every clone of this `RateTier`, keeping its bands: at most
+    /// `n` requests of one user in flight from the next request on
+    /// (requests in flight keep the slots they hold). [`set_tier`](Self::set_tier)
+    /// keeps a tier's limit; this replaces it. An unknown tier or a limit
+    /// of 0 is an error, and changes nothing.
+    ///
+    /// ```
+    /// use tower_rate_tier::{Quota, RateTier};
+    ///
+    /// let tiers = RateTier::builder().tier("free", Quota::per_minute(20)).tier_concurrency("free", 2).build();
+    /// tiers.set_tier("free", Quota::per_minute(30)).unwrap();
+    /// assert_eq!(tiers.concurrency("free"), Some(2)); // kept
+    /// tiers.set_tier_concurrency("free", Some(4)).unwrap();
+    /// assert_eq!(tiers.concurrency("free"), Some(4));
+    /// tiers.set_tier_concurrency("free", None).unwrap();
+    /// assert_eq!(tiers.concurrency("free"), None);
+    /// assert!(tiers.set_tier_concurrency("nope", Some(1)).is_err());
+    /// ```
+    pub fn set_tier_concurrency(&self, name: &str, limit: Option<u32>) -> Result<(), BuildError> {
+        let limit = match limit {
+            Some(n) => Some(NonZeroU32::new(n).ok_or_else(|| BuildError::ZeroConcurrency(name.to_owned()))?),
+            None => None,
+        };
+        let mut found = false;
+        self.inner.table.rcu(|table| {
+            let Some(tier) = table.find(name) else {
+                found = false;
+                return Table::clone(table);
+            };
+            found = true;
+            table.with(TierEntry::clone(tier).with_concurrency(limit))
+        });
+        if found {
+            Ok(())
+        } else {
+            Err(BuildError::UnknownConcurrencyTier(name.to_owned()))
+        }
     }
 
     /// Dark-launches (`true`) or enforces (`false`) the tier `name` for every
@@ -120,6 +164,7 @@ impl Clone for TierEntry {
             unlimited: self.unlimited,
             headers: self.headers.clone(),
             shadow: self.shadow,
+            concurrency: self.concurrency,
         }
     }
 }

@@ -44,7 +44,7 @@ use crate::clock::Clock;
 use crate::headers::TierHeaders;
 use crate::policy::OnMissing;
 use crate::quota::Quota;
-use crate::storage::{Decide, Op, Storage, StorageKey};
+use crate::storage::{Decide, Lease, Op, Slots, Storage, StorageKey};
 
 mod builder;
 mod live;
@@ -52,7 +52,7 @@ mod name;
 mod outcome;
 mod table;
 
-pub use builder::{BuildError, RateTierBuilder};
+pub use builder::{BuildError, DEFAULT_CONCURRENCY_LEASE, RateTierBuilder};
 pub use name::{IntoTierName, ParseTierError, TierTable};
 pub use outcome::{CheckError, CheckResult, MAX_USER_ID_LEN, RateLimitInfo, RateLimited};
 pub(crate) use outcome::{Detail, outcome};
@@ -74,6 +74,8 @@ pub(crate) struct TierEntry {
     pub(crate) headers: TierHeaders,
     /// Would-be refusals are let through (and consume nothing).
     pub(crate) shadow: bool,
+    /// At most this many requests of one user in flight at once.
+    pub(crate) concurrency: Option<std::num::NonZeroU32>,
 }
 
 /// Named tiers, their quotas and the storage that counts them.
@@ -92,6 +94,8 @@ struct Config {
     storage: Arc<dyn Storage>,
     clock: Arc<dyn Clock>,
     namespace: Box<str>,
+    /// How long a slot counts as in use when it is not given back.
+    lease: std::time::Duration,
 }
 
 impl RateTier {
@@ -103,13 +107,15 @@ impl RateTier {
     /// Charges `cost` to `user` in `tier`: `Ok(Ok(info))` when admitted,
     /// `Ok(Err(limited))` when denied (nothing charged), `Err(_)` when the
     /// check could not be decided. Cost 0 reports the state and charges
-    /// nothing. An unlimited tier never touches the storage.
+    /// nothing. An unlimited tier never touches the storage. A check is a
+    /// rate decision only: the tier's concurrency limit counts the requests
+    /// the layer serves, each holding its slot until its response is over.
     pub async fn check(&self, user: &str, tier: &str, cost: u32) -> CheckResult {
         let table = self.inner.table.load();
         let entry = table
             .find(tier)
             .ok_or_else(|| CheckError::UnknownTier(tier.to_owned()))?;
-        match self.begin(user, entry, cost) {
+        match self.begin(user, entry, cost, false) {
             Ok(decide) => match decide.into_ready() {
                 Ok(decision) => conclude(entry, decision),
                 Err(pending) => {
@@ -145,6 +151,18 @@ impl RateTier {
     /// The bands of a tier now.
     pub fn quotas(&self, tier: &str) -> Option<Vec<Quota>> {
         self.resolve(tier).map(|t| t.bands.to_vec())
+    }
+
+    /// The concurrency limit of a tier now (at most this many requests of
+    /// one user in flight), if it has one.
+    pub fn concurrency(&self, tier: &str) -> Option<u32> {
+        self.resolve(tier)?.concurrency.map(std::num::NonZeroU32::get)
+    }
+
+    /// How long a slot of a concurrency limit counts as in use when it is
+    /// not given back.
+    pub fn concurrency_lease(&self) -> std::time::Duration {
+        self.inner.lease
     }
 
     /// The default tier's name.
@@ -185,18 +203,41 @@ impl RateTier {
 
     /// Starts charging `cost` to `user` in `tier`: the storage's answer to
     /// wait for, or `Err` with the outcome when it is known without asking
-    /// (unlimited tier, invalid user id, a cost above the burst).
+    /// (unlimited tier, invalid user id, a cost above the burst). With
+    /// `slot`, a tier with a concurrency limit also takes one of the user's
+    /// slots, in the same decision (the admission carries its lease).
     #[inline]
     pub(crate) fn begin<'a>(
         &'a self,
         user: &'a str,
         tier: &'a Arc<TierEntry>,
         cost: u32,
+        slot: bool,
     ) -> Result<Decide, CheckResult> {
-        if tier.unlimited || user.is_empty() || user.len() > MAX_USER_ID_LEN || cost > tier.max_cost {
+        let slots = tier.concurrency.filter(|_| slot);
+        if (tier.unlimited && slots.is_none())
+            || user.is_empty()
+            || user.len() > MAX_USER_ID_LEN
+            || cost > tier.max_cost
+        {
             return Err(self.answer_early(tier, user, cost));
         }
-        Ok(self.decide(user, tier, Op::Charge(cost)))
+        let op = match slots {
+            Some(limit) => Op::Acquire {
+                cost,
+                slots: Slots {
+                    limit: limit.get(),
+                    lease: self.inner.lease,
+                },
+            },
+            None => Op::Charge(cost),
+        };
+        Ok(self.decide(user, tier, op))
+    }
+
+    /// Gives back the slot of `lease` that `user` took in `tier`.
+    pub(crate) fn release(&self, user: &str, tier: &TierEntry, lease: Lease) -> Decide {
+        self.decide(user, tier, Op::Release(lease))
     }
 
     /// Gives `cost` back to `user` in `tier`.

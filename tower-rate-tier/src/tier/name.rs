@@ -28,6 +28,13 @@ pub trait TierTable: Copy + Send + Sync + 'static {
     fn tier_shadow(self) -> bool {
         false
     }
+
+    /// The most requests of one user of this tier in flight at once
+    /// (`#[tier(.., concurrent = n)]`); `None` for no such limit. See
+    /// [`RateTierBuilder::tier_concurrency`](crate::RateTierBuilder::tier_concurrency).
+    fn tier_concurrency(self) -> Option<u32> {
+        None
+    }
 }
 
 /// Anything that names a tier: `&str`, `String`, or a [`TierTable`] value.

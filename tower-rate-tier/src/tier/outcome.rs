@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::TierEntry;
 use crate::clock::Nanos;
 use crate::quota::Quota;
-use crate::storage::{BandState, BandStates, Decision, DecisionSource, StorageError};
+use crate::storage::{BandState, BandStates, Decision, DecisionSource, SlotState, StorageError};
 
 /// The longest user id [`RateTier::check`](crate::RateTier::check) accepts,
 /// in bytes. The layer treats an identity with a longer id as unidentified
@@ -57,6 +57,9 @@ pub(crate) struct Detail {
     pub(crate) band: usize,
     /// Who decided.
     pub(crate) source: DecisionSource,
+    /// The user's slots after the decision, for a tier with a concurrency
+    /// limit.
+    pub(crate) slots: Option<SlotState>,
 }
 
 macro_rules! outcome_accessors {
@@ -110,6 +113,14 @@ macro_rules! outcome_accessors {
                 self.detail.source
             }
 
+            /// The user's slots of the tier's concurrency limit after the
+            /// decision (`None` for a tier without one): the limit, the
+            /// requests in flight, and the `r` of the `RateLimit` field's
+            /// concurrency item ([`SlotState::free`]).
+            pub fn slots(&self) -> Option<SlotState> {
+                self.detail.slots
+            }
+
             /// When the reported band is full again, in Unix seconds
             /// (rounded up): the `X-RateLimit-Reset` value.
             pub fn reset_at_unix_secs(&self) -> u64 {
@@ -151,7 +162,8 @@ impl RateLimitInfo {
                 crate::gcra::next_unit_after(state.reset_after_ns, quota.emission_interval_nanos());
             state.remaining = u32::try_from((tolerance - used.min(tolerance)) / interval).unwrap_or(u32::MAX);
         }
-        let decision = Decision::new(true, self.detail.now, bands).with_source(self.detail.source);
+        let mut decision = Decision::new(true, self.detail.now, bands).with_source(self.detail.source);
+        decision.slots = self.detail.slots;
         if let Ok(info) = outcome(&self.detail.tier, decision) {
             *self = info;
         }
@@ -180,6 +192,7 @@ impl RateLimitInfo {
                 bands: BandStates::new(),
                 band: 0,
                 source: DecisionSource::Storage,
+                slots: None,
             },
         }
     }
@@ -190,13 +203,29 @@ impl RateLimited {
     /// request, in the tier's order, as a Structured Fields parser decodes
     /// them from the field (`free`, or `free.0`, `free.1`, ... in a
     /// multi-band tier): the 429 body's `violated-policies`.
+    ///
+    /// A refusal by the concurrency limit names its item alone
+    /// (`free.concurrency`).
     pub fn violated_policies(&self) -> impl Iterator<Item = &str> + '_ {
+        let slots = self
+            .is_concurrency_limited()
+            .then_some(())
+            .and(self.detail.tier.headers.slots.as_ref());
         self.detail
             .bands
             .iter()
             .zip(self.detail.tier.headers.names.iter())
             .filter(|(state, _)| state.retry_after_ns > 0)
             .map(|(_, name)| &**name)
+            .chain(slots.map(|s| &*s.name))
+    }
+
+    /// Whether the request was refused because the user had as many
+    /// requests in flight as the tier's concurrency limit allows (its rate
+    /// was not charged). Such a refusal has `Retry-After: 1`: no better
+    /// estimate exists, and a client that waits it may be refused again.
+    pub fn is_concurrency_limited(&self) -> bool {
+        self.detail.slots.is_some_and(|s| s.refused)
     }
 
     /// `Retry-After` in whole seconds, rounded up, never 0.
@@ -211,6 +240,9 @@ impl RateLimited {
 /// Turns a storage decision into the public outcome, reporting the band
 /// closest to denying (admitted) or the band that denies longest (denied).
 pub(crate) fn outcome(tier: &Arc<TierEntry>, d: Decision) -> Result<RateLimitInfo, RateLimited> {
+    if let Some(slots) = d.slots.filter(|s| s.refused) {
+        return Err(concurrency_limited(tier, d, slots));
+    }
     let pick = if d.allowed {
         d.bands.iter().enumerate().min_by(|(_, a), (_, b)| {
             a.remaining
@@ -220,14 +252,19 @@ pub(crate) fn outcome(tier: &Arc<TierEntry>, d: Decision) -> Result<RateLimitInf
     } else {
         d.bands.iter().enumerate().max_by_key(|(_, s)| s.retry_after_ns)
     };
-    let (band, state) = pick.map(|(i, s)| (i, *s)).unwrap_or_default();
-    let limit = tier.bands.get(band).map_or(0, Quota::burst);
+    let (band, mut state) = pick.map(|(i, s)| (i, *s)).unwrap_or_default();
+    let mut limit = tier.bands.get(band).map_or(0, Quota::burst);
+    if tier.unlimited {
+        // only a concurrency limit decided
+        (limit, state.remaining) = (u32::MAX, u32::MAX);
+    }
     let detail = Detail {
         tier: tier.clone(),
         now: d.now,
         bands: d.bands,
         band,
         source: d.source,
+        slots: d.slots,
     };
     let reset_after = Duration::from_nanos(state.reset_after_ns);
     if d.allowed {
@@ -245,6 +282,28 @@ pub(crate) fn outcome(tier: &Arc<TierEntry>, d: Decision) -> Result<RateLimitInf
             reset_after,
             detail,
         })
+    }
+}
+
+/// A refusal for want of a free slot: `Retry-After: 1` (a slot comes free
+/// when a request ends, which no clock tells), the concurrency limit as the
+/// reported limit.
+#[cold]
+fn concurrency_limited(tier: &Arc<TierEntry>, d: Decision, slots: SlotState) -> RateLimited {
+    let second = Duration::from_secs(1);
+    RateLimited {
+        limit: slots.limit,
+        remaining: 0,
+        retry_after: second,
+        reset_after: second,
+        detail: Detail {
+            tier: tier.clone(),
+            now: d.now,
+            bands: BandStates::new(),
+            band: 0,
+            source: d.source,
+            slots: Some(slots),
+        },
     }
 }
 

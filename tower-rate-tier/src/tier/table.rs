@@ -3,6 +3,7 @@
 //! request is decided wholly on one version of its tier.
 
 use std::collections::HashMap;
+use std::num::NonZeroU32;
 use std::sync::Arc;
 
 use super::{BuildError, TierEntry};
@@ -133,27 +134,51 @@ impl TierEntry {
             bands.iter().map(Quota::burst).min().unwrap_or(0)
         };
         Ok(TierEntry {
-            headers: TierHeaders::new(name, &bands),
+            headers: TierHeaders::new(name, &bands, None),
             name: name.into(),
             key: name.into(),
             bands,
             max_cost,
             unlimited,
             shadow: false,
+            concurrency: None,
         })
+    }
+
+    /// This tier with at most `limit` requests of one user in flight (none
+    /// for `None`), its header values rendered again.
+    pub(crate) fn with_concurrency(mut self, limit: Option<NonZeroU32>) -> TierEntry {
+        if self.concurrency != limit {
+            self.concurrency = limit;
+            self.headers = TierHeaders::new(&self.name, &self.bands, limit.map(NonZeroU32::get));
+        }
+        self
     }
 }
 
 impl TierEntry {
     /// `tier` with bands of one identity's own, counted apart from the
-    /// tier's users (under a storage name no configured tier can have).
-    pub(crate) fn own(tier: &TierEntry, bands: &[Quota]) -> Result<TierEntry, BuildError> {
-        let mut entry = TierEntry::new(&tier.name, bands.to_vec())?;
-        let mut key = String::with_capacity(tier.name.len() + 4);
-        key.push_str(&tier.name);
-        key.push_str("\u{1f}own");
-        entry.key = key.into();
+    /// tier's users (under a storage name no configured tier can have), and
+    /// its concurrency limit or one of the identity's own.
+    pub(crate) fn own(
+        tier: &TierEntry,
+        bands: Option<&[Quota]>,
+        concurrency: Option<NonZeroU32>,
+    ) -> Result<TierEntry, BuildError> {
+        let mut entry = match bands {
+            Some(bands) => {
+                let mut entry = TierEntry::new(&tier.name, bands.to_vec())?;
+                let mut key = String::with_capacity(tier.name.len() + 4);
+                key.push_str(&tier.name);
+                key.push_str("\u{1f}own");
+                entry.key = key.into();
+                entry.concurrency = None;
+                entry
+            }
+            // the tier's bands, in the tier's bucket
+            None => tier.clone(),
+        };
         entry.shadow = tier.shadow;
-        Ok(entry)
+        Ok(entry.with_concurrency(concurrency.or(tier.concurrency)))
     }
 }

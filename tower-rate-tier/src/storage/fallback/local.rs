@@ -11,7 +11,7 @@ use super::Shared;
 use crate::clock::Clock;
 use crate::quota::Quota;
 use crate::storage::{
-    Decision, DecisionSource, MAX_BANDS, Op, Storage, StorageError, StorageErrorKind, StorageKey,
+    Decision, DecisionSource, MAX_BANDS, Op, Slots, Storage, StorageError, StorageErrorKind, StorageKey,
 };
 
 impl Shared {
@@ -44,6 +44,13 @@ impl Shared {
         user.push(':');
         user.push_str(key.user);
         let local_key = StorageKey { user: &user, ..key };
+        let op = match op {
+            Op::Acquire { cost, slots } => Op::Acquire {
+                cost,
+                slots: scale_slots(slots, self.share),
+            },
+            op => op,
+        };
         match self.local.decide(local_key, &scaled, op, clock).into_ready() {
             Ok(decided) => decided.map(|d| d.with_source(DecisionSource::Fallback)),
             Err(_) => Err(StorageError::new(
@@ -64,6 +71,16 @@ pub(super) fn scale(quota: &Quota, share: f64) -> Quota {
     let burst = ((f64::from(quota.burst()) * share).ceil() as u32).max(1);
     let interval = ((quota.emission_interval_nanos() as f64 / share).ceil() as u64).max(1);
     Quota::per_period(1, Duration::from_nanos(interval)).with_burst(burst)
+}
+
+/// A concurrency limit scaled to `share`: `ceil(limit × share)`, at least 1
+/// (two instances with 3 slots between them get 2 each).
+pub(super) fn scale_slots(slots: Slots, share: f64) -> Slots {
+    if share >= 1.0 {
+        return slots;
+    }
+    let limit = ((f64::from(slots.limit) * share).ceil() as u32).max(1);
+    Slots { limit, ..slots }
 }
 
 /// What answering a failed decision locally needs, owned (the primary's

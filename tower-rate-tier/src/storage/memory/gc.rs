@@ -87,6 +87,8 @@ impl Inner {
                 removed += usize::from(!keep);
                 keep
             });
+            let sets = super::slots::sweep(&scope.slots, now);
+            self.slot_sets.fetch_sub(sets, Ordering::Relaxed);
             // Give memory back after a flood has gone: tables mostly empty
             // are shrunk.
             shrink_if_sparse(&scope.single);

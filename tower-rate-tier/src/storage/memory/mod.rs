@@ -16,6 +16,7 @@ use crate::quota::Quota;
 mod gc;
 mod overflow;
 mod scope;
+mod slots;
 
 use scope::Scopes;
 
@@ -43,6 +44,13 @@ const DEFAULT_GC_INTERVAL: Duration = Duration::from_secs(60);
 /// * A decision neither allocates (only a user seen for the first time is
 ///   inserted) nor boxes a future: [`Storage::decide`] answers at once.
 /// * Decisions use the limiter's clock, passed with every call.
+/// * Concurrency limits ([`Op::Acquire`]): a user's slots in flight are a
+///   set of leases in its tier's scope, made with its first request in
+///   flight and kept, empty, until a sweep (which also removes a set whose
+///   leases all passed). Past `max_keys` sets a release removes the set it
+///   empties, so the sets are bounded by the cap or by the requests in
+///   flight. An identity decided in the overflow bucket still has slots of
+///   its own (the bucket shares the rate, never the slots).
 /// * Expired keys are removed by a background task every
 ///   [`gc_interval`](MemoryStorageBuilder::gc_interval) (default 60 s). The
 ///   task starts with the first decision made inside a tokio runtime (so
@@ -103,6 +111,10 @@ struct Inner {
     /// Dropped with the storage: ends its GC task at once.
     gc_stop: std::sync::Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
     last_inline_sweep: AtomicU64,
+    /// The next lease id of a slot.
+    next_lease: AtomicU64,
+    /// How many users' slot sets are kept (see `slots.rs`).
+    slot_sets: AtomicUsize,
 }
 
 /// Configures a [`MemoryStorage`].
@@ -165,6 +177,8 @@ impl MemoryStorageBuilder {
                 gc_running: AtomicBool::new(false),
                 gc_stop: std::sync::Mutex::new(None),
                 last_inline_sweep: AtomicU64::new(0),
+                next_lease: AtomicU64::new(1),
+                slot_sets: AtomicUsize::new(0),
             }),
         }
     }
@@ -244,6 +258,11 @@ impl Inner {
         clock: &Arc<dyn Clock>,
     ) -> Result<Decision, StorageError> {
         self.ensure_gc(clock);
+        match op {
+            Op::Acquire { cost, slots } => return self.acquire(key, bands, cost, slots, clock),
+            Op::Release(lease) => return Ok(self.release(key, lease, clock)),
+            Op::Charge(_) | Op::Refund(_) => {}
+        }
         match bands {
             [quota] => self.decide_one(key, quota, op, clock),
             _ if bands.len() <= MAX_BANDS => self

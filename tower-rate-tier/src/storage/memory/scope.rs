@@ -11,7 +11,7 @@ use dashmap::DashMap;
 use super::{Hasher, Tats};
 use crate::clock::Nanos;
 use crate::eq::same_name;
-use crate::storage::StorageKey;
+use crate::storage::{LeaseSet, StorageKey};
 
 const SHARDS: usize = 64;
 
@@ -29,6 +29,9 @@ pub(super) struct Scope {
     /// several bands, or of one band with another window (a customer's own
     /// quota, or the tier's band after a change of its window).
     pub(super) multi: DashMap<Box<str>, Tats, Hasher>,
+    /// The slots in flight of each user holding one (a tier with a
+    /// concurrency limit): see `slots.rs`.
+    pub(super) slots: DashMap<Box<str>, LeaseSet, Hasher>,
 }
 
 impl Scope {
@@ -116,6 +119,7 @@ impl Scopes {
             single_window: AtomicU64::new(0),
             single: new_map(),
             multi: new_map(),
+            slots: new_map(),
         };
         match self.first.iter().find(|slot| slot.get().is_none()) {
             Some(slot) => slot.get_or_init(|| scope),

@@ -14,10 +14,10 @@ impl Inner {
     /// The script's keys and arguments for `op` on every band of `key`.
     pub(super) fn args(&self, key: StorageKey<'_>, bands: &[Quota], op: Op) -> (Args, Attempt) {
         let now = self.clock.as_ref().map(|clock| clock.now() / 1_000);
-        let attempt = match op {
+        let attempt = match op.on_bands() {
             Op::Charge(0) => Attempt::Peek,
-            Op::Charge(_) => Attempt::Charge,
             Op::Refund(_) => Attempt::Refund,
+            _ => Attempt::Charge,
         };
         (Args::new(&self.keys, key, bands, op, now), attempt)
     }
@@ -85,17 +85,27 @@ impl RedisStorage {
     /// One decision by Redis: the key names and arguments are made now (the
     /// future owns them), and sent at once or with the next batch.
     pub(super) fn send(&self, key: StorageKey<'_>, bands: &[Quota], op: Op) -> Decide {
-        let args = self.inner.args(key, bands, op);
-        match &self.inner.batching {
-            Batching::Single(batcher) => batch::submit(&self.inner, batcher, args),
+        if let Op::Acquire { .. } | Op::Release(_) = op {
+            return super::slots::send(&self.inner, key, bands, op);
+        }
+        self.inner.submit(self.inner.args(key, bands, op))
+    }
+}
+
+impl Inner {
+    /// Sends `args` at once, or with the next batch of the queue of its
+    /// server (on a Cluster, of the primary of its key's slot).
+    pub(super) fn submit(self: &Arc<Self>, args: (Args, Attempt)) -> Decide {
+        match &self.batching {
+            Batching::Single(batcher) => batch::submit(self, batcher, args),
             Batching::Cluster(nodes) => match nodes.queue(keys::slot(&args.0.keys[0])) {
-                Some(batcher) => batch::submit(&self.inner, &batcher, args),
+                Some(batcher) => batch::submit(self, &batcher, args),
                 None => {
-                    nodes.refresh(&self.inner);
-                    Decide::pending(self.inner.clone().call(args))
+                    nodes.refresh(self);
+                    Decide::pending(self.clone().call(args))
                 }
             },
-            Batching::Off => Decide::pending(self.inner.clone().call(args)),
+            Batching::Off => Decide::pending(self.clone().call(args)),
         }
     }
 }

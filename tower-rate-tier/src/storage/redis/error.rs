@@ -30,6 +30,8 @@ pub(super) enum Attempt {
     ConnectCluster,
     /// Making a client from the configuration (before any I/O).
     Configure,
+    /// Taking or giving back a slot of a concurrency limit.
+    Slot,
 }
 
 impl Attempt {
@@ -42,6 +44,7 @@ impl Attempt {
             Attempt::Connect => "connecting to Redis",
             Attempt::ConnectCluster => "connecting to the Redis Cluster",
             Attempt::Configure => "configuring the Redis client",
+            Attempt::Slot => "Redis concurrency slot",
         }
     }
 

@@ -252,6 +252,7 @@ mod keys;
 mod link;
 mod nodes;
 mod script;
+mod slots;
 
 use batch::Batcher;
 pub use builder::RedisStorageBuilder;
@@ -285,6 +286,9 @@ struct Inner {
     /// Where decisions wait for a batch.
     batching: Batching,
     deny: Option<Arc<DenyTable>>,
+    /// `slots.lua`, for concurrency limits.
+    slots_script: Script,
+    leases: slots::LeaseIds,
 }
 
 /// Where a storage's decisions wait for a batch.
@@ -433,6 +437,8 @@ impl RedisStorage {
                 deny: settings
                     .deny_cache
                     .map(|capacity| Arc::new(DenyTable::new(capacity))),
+                slots_script: slots::script(),
+                leases: slots::LeaseIds::new(),
             }),
         };
         if let Batching::Cluster(nodes) = &storage.inner.batching {

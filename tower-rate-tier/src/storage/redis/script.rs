@@ -104,9 +104,9 @@ impl Args {
             push_band(&mut k, quota, name);
             keys.push(k);
         }
-        let (mode, cost) = match op {
-            Op::Charge(n) => ("c", n),
+        let (mode, cost) = match op.on_bands() {
             Op::Refund(n) => ("r", n),
+            other => ("c", other.units()),
         };
         let mut spans = SmallVec::new();
         for quota in bands {

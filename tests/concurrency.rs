@@ -1,0 +1,590 @@
+//! Concurrency limits per tier: at most N requests of one user in flight,
+//! counted by the memory storage; each slot held until the response is over
+//! and given back however the request ends.
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::routing::get;
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body::Frame;
+use http_body_util::BodyExt;
+use tower::{Service, ServiceBuilder, ServiceExt};
+use tower_rate_tier::clock::FakeClock;
+use tower_rate_tier::{Quota, RateTier, TierIdentity, TierLimitLayer};
+use tower_rate_tier_tests::reply::{Reply, header_identity, send};
+
+const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
+
+/// A body that sends one chunk, then never ends: a stream the client keeps
+/// open (an export, a long poll, a completion).
+struct Endless {
+    sent: bool,
+}
+
+impl http_body::Body for Endless {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if self.sent {
+            return Poll::Pending;
+        }
+        self.sent = true;
+        Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(b"first")))))
+    }
+}
+
+/// `/stream` answers an endless body; `/` answers at once; `/hang` never
+/// answers; `/panic` panics.
+fn routes() -> Router {
+    Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route("/stream", get(|| async { Body::new(Endless { sent: false }) }))
+        .route("/hang", get(std::future::pending::<&'static str>))
+        .route("/panic", get(panics))
+}
+
+async fn panics() -> &'static str {
+    panic!("the handler failed")
+}
+
+fn app(tiers: RateTier) -> Router {
+    routes().layer(TierLimitLayer::new(tiers).identifier_fn(header_identity))
+}
+
+fn tiers(rate: Quota, slots: u32) -> RateTier {
+    RateTier::builder()
+        .tier("free", rate)
+        .tier_concurrency("free", slots)
+        .clock(FakeClock::new())
+        .build()
+}
+
+fn get_as(user: &str, path: &str) -> Request<Body> {
+    Request::get(path)
+        .header("x-user", user)
+        .body(Body::empty())
+        .unwrap()
+}
+
+/// Opens a stream: the response with its body unread (holding its slot).
+async fn open(app: &Router, user: &str) -> Response<Body> {
+    app.clone().oneshot(get_as(user, "/stream")).await.unwrap()
+}
+
+/// A field's items as `sfv` (an RFC 9651 parser) decodes them: name and
+/// parameters as text (`2`, `"concurrent-requests"`).
+fn items(value: &str) -> Vec<(String, HashMap<String, String>)> {
+    let list: sfv::List = sfv::Parser::new(value)
+        .parse()
+        .unwrap_or_else(|e| panic!("{value:?}: {e}"));
+    list.into_iter()
+        .map(|entry| {
+            let sfv::ListEntry::Item(item) = entry else {
+                panic!("an inner list in {value:?}")
+            };
+            let name = item
+                .bare_item
+                .as_string()
+                .expect("a String item")
+                .as_str()
+                .to_owned();
+            let params = item
+                .params
+                .iter()
+                .map(|(k, v)| {
+                    let v = match (v.as_integer(), v.as_string()) {
+                        (Some(n), _) => i64::from(n).to_string(),
+                        (_, Some(s)) => format!("{:?}", s.as_str()),
+                        _ => panic!("a parameter neither Integer nor String in {value:?}"),
+                    };
+                    (k.as_str().to_owned(), v)
+                })
+                .collect();
+            (name, params)
+        })
+        .collect()
+}
+
+fn field<'a>(headers: &'a HeaderMap, name: &str) -> &'a str {
+    headers
+        .get(name)
+        .unwrap_or_else(|| panic!("no {name}"))
+        .to_str()
+        .unwrap()
+}
+
+/// The parameters of the item `name` of the field `field`.
+fn item(headers: &HeaderMap, field_name: &str, name: &str) -> HashMap<String, String> {
+    items(field(headers, field_name))
+        .into_iter()
+        .find(|(n, _)| n == name)
+        .unwrap_or_else(|| panic!("no item {name:?} in {field_name}"))
+        .1
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn never_more_in_flight_than_the_limit_under_64_tasks() {
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let (count, peak) = (in_flight.clone(), most.clone());
+    let handler = move || {
+        let (count, peak) = (count.clone(), peak.clone());
+        async move {
+            let now = count.fetch_add(1, Ordering::SeqCst) + 1;
+            peak.fetch_max(now, Ordering::SeqCst);
+            // let the others pile up (no timing is asserted)
+            for _ in 0..20 {
+                tokio::task::yield_now().await;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            count.fetch_sub(1, Ordering::SeqCst);
+            "done"
+        }
+    };
+    let app = Router::new()
+        .route("/", get(handler))
+        .layer(TierLimitLayer::new(tiers(Quota::per_second(100_000), 4)).identifier_fn(header_identity));
+    let mut tasks = Vec::new();
+    for _ in 0..64 {
+        let app = app.clone();
+        tasks.push(tokio::spawn(async move {
+            send(&app, get_as("ada", "/")).await.status
+        }));
+    }
+    let mut statuses = HashMap::new();
+    for task in tasks {
+        *statuses.entry(task.await.unwrap()).or_insert(0) += 1;
+    }
+    let peak = most.load(Ordering::SeqCst);
+    println!("64 tasks, limit 4: at most {peak} in flight, {statuses:?}");
+    assert!(peak <= 4, "{peak} requests in flight at once");
+    assert!(statuses[&StatusCode::OK] >= 1);
+    assert_eq!(statuses.values().sum::<i32>(), 64);
+    assert!(
+        statuses
+            .keys()
+            .all(|s| [StatusCode::OK, StatusCode::TOO_MANY_REQUESTS].contains(s))
+    );
+    // every slot came back: four responses held at once
+    let four: Vec<_> = hold(&app, 4).await;
+    assert!(four.iter().all(|r| r.status() == StatusCode::OK));
+}
+
+/// Sends `n` requests one after the other and keeps their responses
+/// (bodies unread, so each holds its slot).
+async fn hold(app: &Router, n: usize) -> Vec<Response<Body>> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        out.push(app.clone().oneshot(get_as("ada", "/")).await.unwrap());
+    }
+    out
+}
+
+#[tokio::test]
+async fn the_request_over_the_limit_is_refused_with_the_concurrency_fields() {
+    let app = app(tiers(Quota::per_minute(20), 2));
+    let first = open(&app, "ada").await;
+    assert_eq!(first.status(), StatusCode::OK);
+    let policy = item(first.headers(), "ratelimit-policy", "free.concurrency");
+    assert_eq!(policy.get("q").map(String::as_str), Some("2"));
+    assert_eq!(
+        policy.get("qu").map(String::as_str),
+        Some("\"concurrent-requests\"")
+    );
+    assert!(!policy.contains_key("w"), "{policy:?}");
+    let state = item(first.headers(), "ratelimit", "free.concurrency");
+    assert_eq!(state.get("r").map(String::as_str), Some("1"));
+    assert!(!state.contains_key("t"), "{state:?}");
+    // the rate band is its own item still
+    assert_eq!(
+        item(first.headers(), "ratelimit", "free")
+            .get("r")
+            .map(String::as_str),
+        Some("19")
+    );
+
+    let second = open(&app, "ada").await;
+    assert_eq!(second.status(), StatusCode::OK);
+    // another user has slots of their own
+    assert_eq!(open(&app, "bob").await.status(), StatusCode::OK);
+
+    let third = send(&app, get_as("ada", "/stream")).await;
+    assert_eq!(third.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(third.header("retry-after"), Some("1"));
+    assert_eq!(third.header("x-ratelimit-limit"), Some("2"));
+    assert_eq!(third.header("x-ratelimit-remaining"), Some("0"));
+    let policy = item(&third.headers, "ratelimit-policy", "free.concurrency");
+    assert_eq!(policy.get("q").map(String::as_str), Some("2"));
+    let state = items(third.header("ratelimit").unwrap());
+    assert_eq!(state.len(), 1, "{state:?}");
+    assert_eq!(state[0].0, "free.concurrency");
+    assert_eq!(state[0].1.get("r").map(String::as_str), Some("0"));
+    assert!(!state[0].1.contains_key("t"));
+    let body = third.json();
+    assert_eq!(body["type"], QUOTA_EXCEEDED);
+    assert_eq!(body["violated-policies"], serde_json::json!(["free.concurrency"]));
+    assert_eq!(body["retry_after"], 1);
+
+    // a stream that ends gives its slot back
+    drop(first);
+    let fourth = open(&app, "ada").await;
+    assert_eq!(fourth.status(), StatusCode::OK);
+    assert_eq!(
+        item(fourth.headers(), "ratelimit", "free.concurrency")
+            .get("r")
+            .map(String::as_str),
+        Some("0")
+    );
+    drop(second);
+}
+
+#[tokio::test]
+async fn a_refusal_by_one_limit_consumes_nothing_of_the_other() {
+    let clock = FakeClock::new();
+    let tiers = RateTier::builder()
+        .tier("free", Quota::per_minute(3))
+        .tier_concurrency("free", 1)
+        .clock(clock.clone())
+        .build();
+    let app = app(tiers);
+    let held = open(&app, "ada").await;
+    // refused by concurrency five times: no rate spent
+    for _ in 0..5 {
+        assert_eq!(
+            send(&app, get_as("ada", "/")).await.status,
+            StatusCode::TOO_MANY_REQUESTS
+        );
+    }
+    drop(held);
+    let ok = send(&app, get_as("ada", "/")).await;
+    assert_eq!((ok.status, ok.remaining()), (StatusCode::OK, Some(1)));
+    assert_eq!(send(&app, get_as("ada", "/")).await.status, StatusCode::OK);
+    // refused by rate: it holds no slot
+    let by_rate = send(&app, get_as("ada", "/")).await;
+    assert_eq!(by_rate.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(by_rate.json()["violated-policies"], serde_json::json!(["free"]));
+    clock.advance(Duration::from_secs(20));
+    let after = open(&app, "ada").await;
+    assert_eq!(
+        after.status(),
+        StatusCode::OK,
+        "the rate refusal left a slot taken"
+    );
+}
+
+#[tokio::test]
+async fn a_dropped_response_future_gives_the_slot_back() {
+    let app = app(tiers(Quota::per_minute(100), 1));
+    let mut hung = Box::pin(app.clone().oneshot(get_as("ada", "/hang")));
+    // admitted, the handler waits
+    assert!(futures_poll_once(hung.as_mut()).await.is_none());
+    assert_eq!(
+        send(&app, get_as("ada", "/")).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    drop(hung);
+    assert_eq!(send(&app, get_as("ada", "/")).await.status, StatusCode::OK);
+}
+
+/// Polls `future` once: its output if it is ready.
+async fn futures_poll_once<F: std::future::Future + Unpin>(mut future: F) -> Option<F::Output> {
+    std::future::poll_fn(|cx| {
+        Poll::Ready(match Pin::new(&mut future).poll(cx) {
+            Poll::Ready(out) => Some(out),
+            Poll::Pending => None,
+        })
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_half_read_body_holds_the_slot_until_dropped() {
+    let app = app(tiers(Quota::per_minute(100), 1));
+    let response = open(&app, "ada").await;
+    let mut body = response.into_body();
+    let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+    assert_eq!(first, "first");
+    // the stream is not over: its slot is held
+    assert_eq!(
+        send(&app, get_as("ada", "/")).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    drop(body);
+    assert_eq!(send(&app, get_as("ada", "/")).await.status, StatusCode::OK);
+    // a body read to its end gives it back too (without being dropped)
+    let mut done = app.clone().oneshot(get_as("ada", "/")).await.unwrap().into_body();
+    while let Some(frame) = done.frame().await {
+        frame.unwrap();
+    }
+    assert_eq!(send(&app, get_as("ada", "/")).await.status, StatusCode::OK);
+    drop(done);
+}
+
+#[tokio::test]
+async fn a_panicking_handler_gives_the_slot_back() {
+    let app = app(tiers(Quota::per_minute(100), 1));
+    let panicked = tokio::spawn({
+        let app = app.clone();
+        async move { app.oneshot(get_as("ada", "/panic")).await }
+    })
+    .await;
+    assert!(panicked.unwrap_err().is_panic());
+    assert_eq!(send(&app, get_as("ada", "/")).await.status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_timeout_around_the_limiter_gives_the_slot_back() {
+    let limiter = TierLimitLayer::new(tiers(Quota::per_minute(100), 1)).identifier_fn(header_identity);
+    let mut service = ServiceBuilder::new()
+        .timeout(Duration::from_millis(20))
+        .layer(limiter)
+        .service(routes());
+    for path in ["/hang", "/hang", "/"] {
+        let ready = ServiceExt::<Request<Body>>::ready(&mut service).await.unwrap();
+        let result = ready.call(get_as("ada", path)).await;
+        match path {
+            // timed out, not refused: the slot of the one before came back
+            "/hang" => assert!(result.unwrap_err().is::<tower::timeout::error::Elapsed>()),
+            _ => assert_eq!(result.unwrap().status(), StatusCode::OK),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_failing_inner_service_gives_the_slot_back() {
+    let limiter = TierLimitLayer::new(tiers(Quota::per_minute(100), 1)).identifier_fn(header_identity);
+    let fail = tower::service_fn(|req: Request<Body>| async move {
+        if req.uri().path() == "/fail" {
+            return Err("the inner service failed");
+        }
+        Ok::<_, &str>(Response::new(Body::from("ok")))
+    });
+    let mut service = ServiceBuilder::new().layer(limiter).service(fail);
+    let failed = ServiceExt::<Request<Body>>::ready(&mut service)
+        .await
+        .unwrap()
+        .call(get_as("ada", "/fail"))
+        .await;
+    assert!(failed.is_err());
+    let ok = ServiceExt::<Request<Body>>::ready(&mut service)
+        .await
+        .unwrap()
+        .call(get_as("ada", "/"))
+        .await
+        .unwrap();
+    assert_eq!(ok.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn shadow_mode_lets_an_over_limit_request_through_holding_no_slot() {
+    let tiers = RateTier::builder()
+        .tier("free", Quota::per_minute(100))
+        .tier_concurrency("free", 1)
+        .shadow_tier("free")
+        .build();
+    let app = app(tiers.clone());
+    let first = open(&app, "ada").await;
+    let over = open(&app, "ada").await;
+    assert_eq!(over.status(), StatusCode::OK);
+    // enforced from now on; the over-limit stream is still open
+    assert!(tiers.set_shadow("free", false));
+    drop(first);
+    let next = open(&app, "ada").await;
+    assert_eq!(next.status(), StatusCode::OK, "the shadowed request held a slot");
+    assert_eq!(
+        send(&app, get_as("ada", "/")).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    drop((over, next));
+}
+
+#[tokio::test]
+async fn a_customer_limit_overrides_the_tier_and_set_tier_keeps_it() {
+    let tiers = tiers(Quota::per_minute(100), 3);
+    let contract = |headers: &HeaderMap| {
+        let user = headers.get("x-user")?.to_str().ok()?;
+        let identity = TierIdentity::new(user, "free");
+        Some(match user {
+            "acme" => identity.with_concurrency(1),
+            "big" => identity.with_quotas(Quota::per_minute(1_000)).with_concurrency(5),
+            _ => identity,
+        })
+    };
+    let app = routes().layer(TierLimitLayer::new(tiers.clone()).identifier_fn(contract));
+    let held = open(&app, "acme").await;
+    assert_eq!(
+        send(&app, get_as("acme", "/")).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    drop(held);
+    let mut big = Vec::new();
+    for _ in 0..5 {
+        big.push(open(&app, "big").await);
+    }
+    assert!(big.iter().all(|r| r.status() == StatusCode::OK));
+    assert_eq!(
+        item(big[4].headers(), "ratelimit-policy", "free.concurrency")["q"],
+        "5"
+    );
+    assert_eq!(
+        send(&app, get_as("big", "/")).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+
+    // the tier's rate changes, its limit stays: 3 for everyone else
+    tiers.set_tier("free", Quota::per_minute(200)).unwrap();
+    let ada: Vec<_> = [
+        open(&app, "ada").await,
+        open(&app, "ada").await,
+        open(&app, "ada").await,
+    ]
+    .into();
+    assert!(ada.iter().all(|r| r.status() == StatusCode::OK));
+    assert_eq!(
+        send(&app, get_as("ada", "/")).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // replaced: 4
+    tiers.set_tier_concurrency("free", Some(4)).unwrap();
+    assert_eq!(open(&app, "ada").await.status(), StatusCode::OK);
+    drop((ada, big));
+}
+
+#[tokio::test]
+async fn an_unlimited_tier_may_still_cap_parallel_requests() {
+    let tiers = RateTier::builder()
+        .tier("enterprise", Quota::unlimited())
+        .tier_concurrency("enterprise", 2)
+        .build();
+    let app = routes().layer(TierLimitLayer::new(tiers).identifier_fn(|h: &HeaderMap| {
+        Some(TierIdentity::new(h.get("x-user")?.to_str().ok()?, "enterprise"))
+    }));
+    let held = [open(&app, "corp").await, open(&app, "corp").await];
+    assert!(held.iter().all(|r| r.status() == StatusCode::OK));
+    assert_eq!(
+        field(held[0].headers(), "ratelimit-policy"),
+        r#""enterprise.concurrency";q=2;qu="concurrent-requests""#
+    );
+    let refused: Reply = send(&app, get_as("corp", "/")).await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        refused.json()["violated-policies"],
+        serde_json::json!(["enterprise.concurrency"])
+    );
+    drop(held);
+    assert_eq!(send(&app, get_as("corp", "/")).await.status, StatusCode::OK);
+}
+
+#[test]
+fn configuration_mistakes_are_build_errors() {
+    use tower_rate_tier::BuildError;
+    let unknown = RateTier::builder()
+        .tier("free", Quota::per_minute(1))
+        .tier_concurrency("fre", 2)
+        .try_build();
+    assert_eq!(
+        unknown.unwrap_err(),
+        BuildError::UnknownConcurrencyTier("fre".into())
+    );
+    let zero = RateTier::builder()
+        .tier("free", Quota::per_minute(1))
+        .tier_concurrency("free", 0)
+        .try_build();
+    assert_eq!(
+        zero.unwrap_err().to_string(),
+        "tier `free` has a concurrency limit of 0, which no request could pass: give at least 1"
+    );
+}
+
+#[tokio::test]
+async fn metrics_count_concurrency_refusals_and_slots_in_use_per_tier() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let app = metrics::with_local_recorder(&recorder, || {
+        routes().layer(
+            TierLimitLayer::new(tiers(Quota::per_minute(100), 2))
+                .identifier_fn(header_identity)
+                .metrics(true),
+        )
+    });
+    let read = || {
+        let mut found = (None, None);
+        for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+            let key = key.key();
+            let labels: Vec<_> = key
+                .labels()
+                .map(|l| (l.key().to_owned(), l.value().to_owned()))
+                .collect();
+            assert!(
+                labels.iter().all(|(k, _)| k == "tier" || k == "outcome"),
+                "{labels:?}"
+            );
+            match (key.name(), value) {
+                ("tower_rate_tier_concurrent_requests", DebugValue::Gauge(g)) => {
+                    found.0 = Some(g.into_inner())
+                }
+                ("tower_rate_tier_requests_total", DebugValue::Counter(n))
+                    if labels.contains(&("outcome".into(), "concurrency_limited".into())) =>
+                {
+                    found.1 = Some(n)
+                }
+                _ => {}
+            }
+        }
+        found
+    };
+    let held = [open(&app, "ada").await, open(&app, "bob").await];
+    assert_eq!(send(&app, get_as("ada", "/")).await.status, StatusCode::OK);
+    let ada2 = open(&app, "ada").await;
+    assert_eq!(
+        send(&app, get_as("ada", "/")).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(read(), (Some(3.0), Some(1)));
+    drop((held, ada2));
+    // the debugging recorder reports what changed since its last snapshot
+    assert_eq!(read(), (Some(-3.0), Some(0)));
+}
+
+#[tokio::test]
+async fn a_stalled_body_holds_its_slot_at_most_for_the_lease() {
+    let clock = FakeClock::new();
+    let tiers = RateTier::builder()
+        .tier("free", Quota::per_minute(100))
+        .tier_concurrency("free", 1)
+        .concurrency_lease(Duration::from_secs(30))
+        .clock(clock.clone())
+        .build();
+    assert_eq!(tiers.concurrency_lease(), Duration::from_secs(30));
+    let app = app(tiers);
+    let stalled = open(&app, "ada").await;
+    clock.advance(Duration::from_secs(29));
+    assert_eq!(
+        send(&app, get_as("ada", "/")).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    clock.advance(Duration::from_secs(2));
+    let next = open(&app, "ada").await;
+    assert_eq!(next.status(), StatusCode::OK);
+    // the stalled body ends late: its release gives back nothing of the new slot
+    drop(stalled);
+    assert_eq!(
+        send(&app, get_as("ada", "/")).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    drop(next);
+    assert_eq!(send(&app, get_as("ada", "/")).await.status, StatusCode::OK);
+}

@@ -1,0 +1,79 @@
+//! [`SlotGuard`]: the slot of a tier's concurrency limit that one admitted
+//! request holds, given back when the guard is dropped to its
+//! [`SlotOwner`] (the request's charge, which knows the user and tier it
+//! was taken under).
+//!
+//! The guard travels with the request: in the response future until the
+//! inner service answers, then in the response body until it ends. So the
+//! slot is given back when the body ends or is dropped, when the response
+//! future is dropped (the client went away, a timeout layer gave up, the
+//! handler panicked and the task unwound), or when the inner service fails.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::storage::{Decide, Lease};
+
+/// What gives a slot back: the user and tier it was taken under.
+pub(crate) trait SlotOwner: Send + Sync {
+    /// Starts giving back the slot of `lease`.
+    fn release_slot(&self, lease: Lease) -> Decide;
+}
+
+/// The slot of an admitted request.
+pub(crate) struct SlotGuard {
+    owner: Arc<dyn SlotOwner>,
+    lease: Lease,
+    #[cfg(feature = "metrics")]
+    in_use: Option<metrics::Gauge>,
+}
+
+impl SlotGuard {
+    pub(crate) fn new(owner: Arc<dyn SlotOwner>, lease: Lease) -> Self {
+        SlotGuard {
+            owner,
+            lease,
+            #[cfg(feature = "metrics")]
+            in_use: None,
+        }
+    }
+
+    /// Counts the slot in `gauge` while it is held.
+    #[cfg(feature = "metrics")]
+    pub(crate) fn counted(mut self, gauge: Option<metrics::Gauge>) -> Self {
+        if let Some(gauge) = &gauge {
+            gauge.increment(1.0);
+        }
+        self.in_use = gauge;
+        self
+    }
+}
+
+impl Drop for SlotGuard {
+    /// Gives the slot back: at once for a storage that answers at once (in
+    /// memory), else in a task of its own, so a drop never waits. Outside a
+    /// tokio runtime, or when the release fails, the slot is left to its
+    /// lease.
+    fn drop(&mut self) {
+        #[cfg(feature = "metrics")]
+        if let Some(gauge) = &self.in_use {
+            gauge.decrement(1.0);
+        }
+        let release = self.owner.release_slot(self.lease);
+        if let Err(pending) = release.into_ready() {
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(async move {
+                    let _ = pending.await;
+                });
+            }
+        }
+    }
+}
+
+impl fmt::Debug for SlotGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SlotGuard")
+            .field("lease", &self.lease)
+            .finish_non_exhaustive()
+    }
+}
