@@ -93,16 +93,7 @@ impl RateTier {
             Some(n) => Some(NonZeroU32::new(n).ok_or_else(|| BuildError::ZeroConcurrency(name.to_owned()))?),
             None => None,
         };
-        let mut found = false;
-        self.inner.table.rcu(|table| {
-            let Some(tier) = table.find(name) else {
-                found = false;
-                return Table::clone(table);
-            };
-            found = true;
-            table.with(TierEntry::clone(tier).with_concurrency(limit))
-        });
-        if found {
+        if self.update_tier(name, |entry| entry.with_concurrency(limit)) {
             Ok(())
         } else {
             Err(BuildError::UnknownConcurrencyTier(name.to_owned()))
@@ -125,6 +116,15 @@ impl RateTier {
     /// # }
     /// ```
     pub fn set_shadow(&self, name: &str, shadow: bool) -> bool {
+        self.update_tier(name, |mut entry| {
+            entry.shadow = shadow;
+            entry
+        })
+    }
+
+    /// Replaces the entry of tier `name` by `change` of a copy of it, for
+    /// every clone; `false` when there is no such tier.
+    fn update_tier(&self, name: &str, change: impl Fn(TierEntry) -> TierEntry) -> bool {
         let mut found = false;
         self.inner.table.rcu(|table| {
             let Some(tier) = table.find(name) else {
@@ -132,9 +132,7 @@ impl RateTier {
                 return Table::clone(table);
             };
             found = true;
-            let mut entry = TierEntry::clone(tier);
-            entry.shadow = shadow;
-            table.with(entry)
+            table.with(change(TierEntry::clone(tier)))
         });
         found
     }
