@@ -194,6 +194,14 @@ fn core(mode: &str, n: usize) {
             .build();
         core_loop_ours(&tiers, &keys, keys.len());
         core_loop_ours(&tiers, &keys, n)
+    } else if mode == "core-governor-state" {
+        let limiter = governor::RateLimiter::dashmap_with_hasher(
+            governor::Quota::per_second(std::num::NonZeroU32::new(1_000_000).expect("non-zero")),
+            foldhash::fast::RandomState::default(),
+        )
+        .with_middleware::<governor::middleware::StateInformationMiddleware>();
+        core_loop_governor_state(&limiter, &keys, keys.len());
+        core_loop_governor_state(&limiter, &keys, n)
     } else {
         let limiter = governor::RateLimiter::dashmap_with_hasher(
             governor::Quota::per_second(std::num::NonZeroU32::new(1_000_000).expect("non-zero")),
@@ -218,6 +226,28 @@ type GovernorKeyed = governor::RateLimiter<
     governor::state::keyed::DashMapStateStore<String, foldhash::fast::RandomState>,
     governor::clock::DefaultClock,
 >;
+
+/// governor's keyed limiter answering with the remaining capacity, as ours
+/// does (`StateInformationMiddleware`).
+type GovernorKeyedState = governor::RateLimiter<
+    String,
+    governor::state::keyed::DashMapStateStore<String, foldhash::fast::RandomState>,
+    governor::clock::DefaultClock,
+    governor::middleware::StateInformationMiddleware,
+>;
+
+/// `n` checks of governor's with the state of the key after each.
+#[inline(never)]
+fn core_loop_governor_state(limiter: &GovernorKeyedState, keys: &[String], n: usize) -> usize {
+    let mut ok = 0;
+    for i in 0..n {
+        if let Ok(state) = limiter.check_key(std::hint::black_box(&keys[i % keys.len()])) {
+            std::hint::black_box(state.remaining_burst_capacity());
+            ok += 1;
+        }
+    }
+    ok
+}
 
 /// `n` checks of governor's.
 #[inline(never)]

@@ -80,6 +80,7 @@ pub mod fallback;
 mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
+pub mod scope;
 pub mod slots;
 
 pub(crate) use self::band::window_ms;
@@ -91,6 +92,7 @@ pub use self::fallback::{Fallback, FallbackBuilder};
 pub use self::redis::{RedisStorage, RedisStorageBuilder};
 pub use crate::gcra::BandState;
 pub use memory::{MemoryStorage, MemoryStorageBuilder};
+pub use scope::{ScopeKey, TierScope};
 pub use slots::{Lease, LeaseSet, SlotState, Slots};
 
 /// The most bands one tier may have. Per-band states travel inline for one
@@ -281,6 +283,7 @@ enum Answer {
 
 impl Decide {
     /// Decided already.
+    #[inline]
     pub fn ready(result: Result<Decision, StorageError>) -> Self {
         Decide(Answer::Ready(Some(result)))
     }
@@ -294,6 +297,7 @@ impl Decide {
     }
 
     /// The answer, if it needs no waiting; else the `Decide` back.
+    #[inline]
     pub fn into_ready(self) -> Result<Result<Decision, StorageError>, Decide> {
         match self.0 {
             Answer::Ready(Some(result)) => Ok(result),
@@ -345,17 +349,34 @@ pub trait Storage: Send + Sync + fmt::Debug + 'static {
     /// 1 to [`MAX_BANDS`]), atomically. `clock` is the limiter's clock, for
     /// storages that keep time in process.
     fn decide(&self, key: StorageKey<'_>, bands: &[Quota], op: Op, clock: &Arc<dyn Clock>) -> Decide;
+
+    /// This storage's state of the tier `at`, found once (when the tier
+    /// table is built) so that its decisions look nothing up: see
+    /// [`scope`]. `None` (the default) decides the tier through
+    /// [`decide`](Storage::decide) with its names.
+    fn prepare(&self, at: ScopeKey<'_>) -> Option<Arc<dyn TierScope>> {
+        let _ = at;
+        None
+    }
 }
 
 impl<S: Storage + ?Sized> Storage for Arc<S> {
     fn decide(&self, key: StorageKey<'_>, bands: &[Quota], op: Op, clock: &Arc<dyn Clock>) -> Decide {
         (**self).decide(key, bands, op, clock)
     }
+
+    fn prepare(&self, at: ScopeKey<'_>) -> Option<Arc<dyn TierScope>> {
+        (**self).prepare(at)
+    }
 }
 
 impl<S: Storage + ?Sized> Storage for Box<S> {
     fn decide(&self, key: StorageKey<'_>, bands: &[Quota], op: Op, clock: &Arc<dyn Clock>) -> Decide {
         (**self).decide(key, bands, op, clock)
+    }
+
+    fn prepare(&self, at: ScopeKey<'_>) -> Option<Arc<dyn TierScope>> {
+        (**self).prepare(at)
     }
 }
 

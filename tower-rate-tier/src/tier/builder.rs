@@ -230,9 +230,11 @@ impl RateTierBuilder {
         if self.namespace.len() > 255 {
             return Err(BuildError::InvalidName(self.namespace));
         }
+        let storage = self.storage.unwrap_or_else(|| Arc::new(MemoryStorage::new()));
         let mut tiers = Vec::with_capacity(self.tiers.len());
         for (name, bands) in self.tiers {
-            let mut entry = TierEntry::new(&name, bands)?;
+            let scope = super::prepare(&storage, &self.namespace, &name);
+            let mut entry = TierEntry::new(&name, bands, scope)?;
             entry.shadow = self.shadowed.contains(&name);
             tiers.push(entry);
         }
@@ -255,7 +257,6 @@ impl RateTierBuilder {
         let clock: Arc<dyn Clock> = self.clock.unwrap_or_else(|| Arc::new(SystemClock));
         // Calibrates the process clock now rather than on the first request.
         let _ = clock.now();
-        let storage = self.storage.unwrap_or_else(|| Arc::new(MemoryStorage::new()));
         Ok(RateTier {
             inner: Arc::new(Config {
                 table: ArcSwap::from_pointee(table),

@@ -58,7 +58,7 @@ impl RateTier {
     /// ```
     pub fn set_tier(&self, name: impl IntoTierName, quotas: impl IntoQuotas) -> Result<(), BuildError> {
         let name = name.into_tier_name();
-        let mut entry = TierEntry::new(&name, quotas.into_quotas())?;
+        let mut entry = TierEntry::new(&name, quotas.into_quotas(), self.prepare(&name))?;
         self.inner.table.rcu(|table| {
             // a shadowed tier stays shadowed; its concurrency limit stays
             let old = table.find(&name);
@@ -156,7 +156,7 @@ impl Clone for TierEntry {
     fn clone(&self) -> Self {
         TierEntry {
             name: self.name.clone(),
-            key: self.key.clone(),
+            scope: self.scope.clone(),
             bands: self.bands.clone(),
             max_cost: self.max_cost,
             unlimited: self.unlimited,

@@ -44,7 +44,7 @@ use crate::clock::Clock;
 use crate::headers::TierHeaders;
 use crate::policy::OnMissing;
 use crate::quota::Quota;
-use crate::storage::{Decide, Lease, Op, Slots, Storage, StorageKey};
+use crate::storage::{Decide, Lease, Op, ScopeKey, Slots, Storage, TierScope};
 
 mod builder;
 mod live;
@@ -59,13 +59,12 @@ pub(crate) use outcome::{Detail, outcome};
 
 /// One configured tier, shared by the [`RateTier`] and the outcomes of its
 /// checks.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub(crate) struct TierEntry {
-    /// The name requests and headers use.
+    /// The name requests, keys and headers use.
     pub(crate) name: Box<str>,
-    /// The name its keys have in the storage: the name, or for an
-    /// identity's own quota a name no configured tier can have.
-    pub(crate) key: Box<str>,
+    /// The storage's state of the tier, prepared when the table was built.
+    pub(crate) scope: Arc<dyn TierScope>,
     pub(crate) bands: Box<[Quota]>,
     /// The largest cost that can ever pass (the smallest burst).
     pub(crate) max_cost: u32,
@@ -257,13 +256,14 @@ impl RateTier {
         Some(self.decide(user, tier, Op::Refund(cost)))
     }
 
+    #[inline]
     fn decide(&self, user: &str, tier: &TierEntry, op: Op) -> Decide {
-        let key = StorageKey {
-            namespace: &self.inner.namespace,
-            tier: &tier.key,
-            user,
-        };
-        self.inner.storage.decide(key, &tier.bands, op, &self.inner.clock)
+        tier.scope.decide(user, &tier.bands, op, &self.inner.clock)
+    }
+
+    /// The storage's state of the tier `name`, for a new entry of it.
+    fn prepare(&self, name: &str) -> Arc<dyn TierScope> {
+        prepare(&self.inner.storage, &self.inner.namespace, name)
     }
 
     /// The outcome of a check that [`RateTier::begin`] answers itself.
@@ -283,6 +283,26 @@ impl RateTier {
         })
     }
 }
+
+/// The state of the tier `tier` of `namespace` in `storage`, prepared.
+fn prepare(storage: &Arc<dyn Storage>, namespace: &str, tier: &str) -> Arc<dyn TierScope> {
+    crate::storage::scope::prepare(storage, ScopeKey { namespace, tier })
+}
+
+impl PartialEq for TierEntry {
+    /// Entries of one configuration (the storage's state aside).
+    fn eq(&self, other: &Self) -> bool {
+        self.name == other.name
+            && self.bands == other.bands
+            && self.max_cost == other.max_cost
+            && self.unlimited == other.unlimited
+            && self.headers == other.headers
+            && self.shadow == other.shadow
+            && self.concurrency == other.concurrency
+    }
+}
+
+impl Eq for TierEntry {}
 
 /// The outcome of a check from the storage's answer.
 #[inline]

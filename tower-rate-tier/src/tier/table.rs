@@ -10,7 +10,7 @@ use super::{BuildError, TierEntry};
 use crate::eq::same_name;
 use crate::headers::TierHeaders;
 use crate::quota::Quota;
-use crate::storage::MAX_BANDS;
+use crate::storage::{MAX_BANDS, TierScope};
 
 /// Up to this many tiers, a name is looked up by comparing, not hashing.
 const LINEAR_LOOKUP_MAX_TIERS: usize = 8;
@@ -108,7 +108,12 @@ impl Table {
 
 impl TierEntry {
     /// The tier `name` with `bands`, checked.
-    pub(crate) fn new(name: &str, bands: Vec<Quota>) -> Result<TierEntry, BuildError> {
+    /// `scope` is the storage's state of the tier.
+    pub(crate) fn new(
+        name: &str,
+        bands: Vec<Quota>,
+        scope: Arc<dyn TierScope>,
+    ) -> Result<TierEntry, BuildError> {
         if name.is_empty() || name.len() > 255 {
             return Err(BuildError::InvalidName(name.to_owned()));
         }
@@ -136,7 +141,7 @@ impl TierEntry {
         Ok(TierEntry {
             headers: TierHeaders::new(name, &bands, None),
             name: name.into(),
-            key: name.into(),
+            scope,
             bands,
             max_cost,
             unlimited,
@@ -157,9 +162,10 @@ impl TierEntry {
 }
 
 impl TierEntry {
-    /// `tier` with bands of one identity's own, counted apart from the
-    /// tier's users (under a storage name no configured tier can have), and
-    /// its concurrency limit or one of the identity's own.
+    /// `tier` with bands of one identity's own, kept under its user id in
+    /// the tier's state as the tier's own bands are (so a contract's change
+    /// keeps what a change of the tier keeps), and its concurrency limit or
+    /// one of the identity's own.
     pub(crate) fn own(
         tier: &TierEntry,
         bands: Option<&[Quota]>,
@@ -167,11 +173,7 @@ impl TierEntry {
     ) -> Result<TierEntry, BuildError> {
         let mut entry = match bands {
             Some(bands) => {
-                let mut entry = TierEntry::new(&tier.name, bands.to_vec())?;
-                let mut key = String::with_capacity(tier.name.len() + 4);
-                key.push_str(&tier.name);
-                key.push_str("\u{1f}own");
-                entry.key = key.into();
+                let mut entry = TierEntry::new(&tier.name, bands.to_vec(), tier.scope.clone())?;
                 entry.concurrency = None;
                 entry
             }

@@ -9,7 +9,10 @@ use dashmap::mapref::entry::Entry;
 
 #[cfg(doc)]
 use super::DecisionSource;
-use super::{BandName, Decide, Decision, MAX_BANDS, Op, Storage, StorageError, StorageErrorKind, StorageKey};
+use super::{
+    BandName, Decide, Decision, MAX_BANDS, Op, ScopeKey, Storage, StorageError, StorageErrorKind, StorageKey,
+    TierScope,
+};
 use crate::clock::{Clock, Nanos};
 use crate::quota::Quota;
 
@@ -18,7 +21,7 @@ mod overflow;
 mod scope;
 mod slots;
 
-use scope::Scopes;
+use scope::{Scope, Scopes};
 
 type Hasher = foldhash::fast::RandomState;
 
@@ -226,7 +229,39 @@ impl MemoryStorage {
 impl Storage for MemoryStorage {
     #[inline]
     fn decide(&self, key: StorageKey<'_>, bands: &[Quota], op: Op, clock: &Arc<dyn Clock>) -> Decide {
-        Decide::ready(self.inner.decide(key, bands, op, clock))
+        let result = self
+            .inner
+            .scopes
+            .with(&key, |scope| self.inner.decide(scope, key.user, bands, op, clock));
+        Decide::ready(result)
+    }
+
+    fn prepare(&self, at: ScopeKey<'_>) -> Option<Arc<dyn TierScope>> {
+        Some(Arc::new(MemoryScope {
+            scope: self.inner.scopes.get(at.namespace, at.tier),
+            inner: self.inner.clone(),
+        }))
+    }
+}
+
+/// A tier prepared in a [`MemoryStorage`]: its maps, held.
+struct MemoryScope {
+    inner: Arc<Inner>,
+    scope: Arc<Scope>,
+}
+
+impl TierScope for MemoryScope {
+    #[inline]
+    fn decide(&self, user: &str, bands: &[Quota], op: Op, clock: &Arc<dyn Clock>) -> Decide {
+        Decide::ready(self.inner.decide(&self.scope, user, bands, op, clock))
+    }
+}
+
+impl fmt::Debug for MemoryScope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryScope")
+            .field("tier", &self.scope.key("").tier)
+            .finish_non_exhaustive()
     }
 }
 
@@ -250,24 +285,25 @@ fn store(names: &[BandName], tats: &[Option<Nanos>], now: Nanos) -> Tats {
 }
 
 impl Inner {
+    /// Carries out `op` for `user` in `scope`.
+    #[inline]
     fn decide(
         self: &Arc<Self>,
-        key: StorageKey<'_>,
+        scope: &Scope,
+        user: &str,
         bands: &[Quota],
         op: Op,
         clock: &Arc<dyn Clock>,
     ) -> Result<Decision, StorageError> {
         self.ensure_gc(clock);
         match op {
-            Op::Acquire { cost, slots } => return self.acquire(key, bands, cost, slots, clock),
-            Op::Release(lease) => return Ok(self.release(key, lease, clock)),
+            Op::Acquire { cost, slots } => return self.acquire(scope, user, bands, cost, slots, clock),
+            Op::Release(lease) => return Ok(self.release(scope, user, lease, clock)),
             Op::Charge(_) | Op::Refund(_) => {}
         }
         match bands {
-            [quota] => self.decide_one(key, quota, op, clock),
-            _ if bands.len() <= MAX_BANDS => self
-                .scopes
-                .with(&key, |scope| self.decide_many(scope, key, bands, op, clock)),
+            [quota] => self.decide_one(scope, user, quota, op, clock),
+            _ if bands.len() <= MAX_BANDS => self.decide_many(scope, user, bands, op, clock),
             _ => Err(StorageError::new(
                 StorageErrorKind::Other,
                 "a decision needs 1 to MAX_BANDS bands",
@@ -281,27 +317,27 @@ impl Inner {
     /// decision (its thread was descheduled in between), and the GCRA's
     /// backwards-clock clamp would then give back what that later decision
     /// charged.
+    #[inline]
     fn decide_one(
         &self,
-        key: StorageKey<'_>,
+        scope: &Scope,
+        user: &str,
         quota: &Quota,
         op: Op,
         clock: &Arc<dyn Clock>,
     ) -> Result<Decision, StorageError> {
         let bands = std::slice::from_ref(quota);
-        self.scopes.with(&key, |scope| {
-            if !scope.holds_single(super::window_ms(quota)) {
-                return self.decide_many(scope, key, bands, op, clock);
-            }
-            if let Some(mut stored) = scope.single.get_mut(key.user) {
-                let now = clock.now();
-                let mut tat = [Some(*stored)];
-                let decision = super::decide_bands(&mut tat, now, bands, op);
-                *stored = tat[0].unwrap_or(now);
-                return Ok(decision);
-            }
-            self.insert_one(scope, key, bands, op, clock)
-        })
+        if !scope.holds_single(super::window_ms(quota)) {
+            return self.decide_many(scope, user, bands, op, clock);
+        }
+        if let Some(mut stored) = scope.single.get_mut(user) {
+            let now = clock.now();
+            let mut tat = [Some(*stored)];
+            let decision = super::decide_bands(&mut tat, now, bands, op);
+            *stored = tat[0].unwrap_or(now);
+            return Ok(decision);
+        }
+        self.insert_one(scope, user, bands, op, clock)
     }
 
     /// [`Inner::decide_one`] for a user without a stored state.
@@ -309,8 +345,8 @@ impl Inner {
     #[inline(never)]
     fn insert_one(
         &self,
-        scope: &scope::Scope,
-        key: StorageKey<'_>,
+        scope: &Scope,
+        user: &str,
         bands: &[Quota],
         op: Op,
         clock: &Arc<dyn Clock>,
@@ -323,9 +359,9 @@ impl Inner {
             return Ok(decision);
         }
         if !self.reserve_slot(now) {
-            return Ok(self.decide_overflow(key, bands, op, clock));
+            return Ok(self.decide_overflow(scope.key(user), bands, op, clock));
         }
-        match scope.single.entry(Box::from(key.user)) {
+        match scope.single.entry(Box::from(user)) {
             Entry::Occupied(mut e) => {
                 // Another request inserted the key meanwhile: decide again
                 // against its state.
@@ -351,8 +387,8 @@ impl Inner {
     /// lock.
     fn decide_many(
         &self,
-        scope: &scope::Scope,
-        key: StorageKey<'_>,
+        scope: &Scope,
+        user: &str,
         bands: &[Quota],
         op: Op,
         clock: &Arc<dyn Clock>,
@@ -375,7 +411,7 @@ impl Inner {
             (decision, keep.then(|| store(names, &tats[..n], now)))
         };
         {
-            if let Some(mut stored) = scope.multi.get_mut(key.user) {
+            if let Some(mut stored) = scope.multi.get_mut(user) {
                 let now = clock.now();
                 let (decision, new) = apply(Some(&stored), now);
                 // every band fresh again (a refund): expired, for the GC
@@ -388,9 +424,9 @@ impl Inner {
                 return Ok(decision);
             }
             if !self.reserve_slot(now) {
-                return Ok(self.decide_overflow(key, bands, op, clock));
+                return Ok(self.decide_overflow(scope.key(user), bands, op, clock));
             }
-            match scope.multi.entry(Box::from(key.user)) {
+            match scope.multi.entry(Box::from(user)) {
                 Entry::Occupied(mut e) => {
                     self.len.fetch_sub(1, Ordering::Relaxed);
                     let now = clock.now();

@@ -4,7 +4,7 @@
 //! own bands are kept in its own entry.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use dashmap::DashMap;
 
@@ -36,8 +36,17 @@ pub(super) struct Scope {
 
 impl Scope {
     #[inline]
-    fn is(&self, key: &StorageKey<'_>) -> bool {
-        same_name(&self.tier, key.tier) && same_name(&self.namespace, key.namespace)
+    fn is(&self, namespace: &str, tier: &str) -> bool {
+        same_name(&self.tier, tier) && same_name(&self.namespace, namespace)
+    }
+
+    /// The storage key of `user` in this scope.
+    pub(super) fn key<'a>(&'a self, user: &'a str) -> StorageKey<'a> {
+        StorageKey {
+            namespace: &self.namespace,
+            tier: &self.tier,
+            user,
+        }
     }
 
     /// Whether the state of a one-band decision of refill window `window_ms`
@@ -73,14 +82,17 @@ impl Scope {
 const FIRST: usize = 16;
 
 /// Every scope of a storage. Scopes are only ever added, never removed, so
-/// a decision finds its scope with plain loads: no lock, no reference count.
+/// a decision that names its scope finds it with plain loads: no lock, no
+/// reference count. A tier prepared by
+/// [`Storage::prepare`](crate::storage::Storage::prepare) holds its scope and
+/// finds nothing.
 /// The first [`FIRST`] scopes (every limiter with a handful of tiers) sit in
 /// a fixed list of once-set slots, filled in order; any more in an
 /// append-only list.
 #[derive(Default)]
 pub(super) struct Scopes {
-    first: [OnceLock<Scope>; FIRST],
-    more: boxcar::Vec<Scope>,
+    first: [OnceLock<Arc<Scope>>; FIRST],
+    more: boxcar::Vec<Arc<Scope>>,
     /// One adder at a time, so that a scope is never added twice.
     adding: Mutex<()>,
 }
@@ -89,38 +101,50 @@ impl Scopes {
     /// Runs `f` on the scope of `key`, made on first use.
     #[inline]
     pub(super) fn with<R>(&self, key: &StorageKey<'_>, f: impl FnOnce(&Scope) -> R) -> R {
-        match self.find(key) {
+        match self.find(key.namespace, key.tier) {
             Some(scope) => f(scope),
-            None => f(self.add(key)),
+            None => f(self.add(key.namespace, key.tier)),
+        }
+    }
+
+    /// The scope of `tier` in `namespace`, made on first use: what a
+    /// prepared tier holds.
+    pub(super) fn get(&self, namespace: &str, tier: &str) -> Arc<Scope> {
+        match self.find(namespace, tier) {
+            Some(scope) => scope.clone(),
+            None => self.add(namespace, tier).clone(),
         }
     }
 
     #[inline]
-    fn find(&self, key: &StorageKey<'_>) -> Option<&Scope> {
+    fn find(&self, namespace: &str, tier: &str) -> Option<&Arc<Scope>> {
         for slot in &self.first {
             match slot.get() {
-                Some(scope) if scope.is(key) => return Some(scope),
+                Some(scope) if scope.is(namespace, tier) => return Some(scope),
                 Some(_) => {}
                 None => return None,
             }
         }
-        self.more.iter().map(|(_, scope)| scope).find(|s| s.is(key))
+        self.more
+            .iter()
+            .map(|(_, scope)| scope)
+            .find(|s| s.is(namespace, tier))
     }
 
     #[cold]
-    fn add(&self, key: &StorageKey<'_>) -> &Scope {
+    fn add(&self, namespace: &str, tier: &str) -> &Arc<Scope> {
         let _adding = self.adding.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(scope) = self.find(key) {
+        if let Some(scope) = self.find(namespace, tier) {
             return scope;
         }
-        let scope = Scope {
-            namespace: key.namespace.into(),
-            tier: key.tier.into(),
+        let scope = Arc::new(Scope {
+            namespace: namespace.into(),
+            tier: tier.into(),
             single_window: AtomicU64::new(0),
             single: new_map(),
             multi: new_map(),
             slots: new_map(),
-        };
+        });
         match self.first.iter().find(|slot| slot.get().is_none()) {
             Some(slot) => slot.get_or_init(|| scope),
             None => &self.more[self.more.push(scope)],
@@ -130,7 +154,9 @@ impl Scopes {
     /// Every scope, for a sweep.
     pub(super) fn all(&self) -> impl Iterator<Item = &Scope> {
         let first = self.first.iter().map_while(OnceLock::get);
-        first.chain(self.more.iter().map(|(_, scope)| scope))
+        first
+            .chain(self.more.iter().map(|(_, scope)| scope))
+            .map(|scope| &**scope)
     }
 }
 

@@ -16,16 +16,18 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::Inner;
+use super::scope::Scope;
 use crate::clock::Clock;
 use crate::quota::Quota;
-use crate::storage::{BandStates, Decision, Lease, LeaseSet, Op, SlotState, Slots, StorageError, StorageKey};
+use crate::storage::{BandStates, Decision, Lease, LeaseSet, Op, SlotState, Slots, StorageError};
 
 impl Inner {
     /// Takes a slot of `key`, then charges `cost` in its bands (none for an
     /// unlimited tier); a band that denies gives the slot back at once.
     pub(super) fn acquire(
         self: &Arc<Self>,
-        key: StorageKey<'_>,
+        scope: &Scope,
+        user: &str,
         bands: &[Quota],
         cost: u32,
         slots: Slots,
@@ -33,12 +35,10 @@ impl Inner {
     ) -> Result<Decision, StorageError> {
         let id = self.next_lease.fetch_add(1, Ordering::Relaxed);
         let now = clock.now();
-        let state = self
-            .scopes
-            .with(&key, |scope| match scope.slots.get_mut(key.user) {
-                Some(mut set) => set.acquire(id, now, &slots),
-                None => self.new_set(scope, key, id, now, &slots),
-            });
+        let state = match scope.slots.get_mut(user) {
+            Some(mut set) => set.acquire(id, now, &slots),
+            None => self.new_set(scope, user, id, now, &slots),
+        };
         if state.refused {
             // nothing charged
             return Ok(Decision::new(false, now, BandStates::new()).with_slots(state));
@@ -46,17 +46,17 @@ impl Inner {
         if bands.is_empty() || bands.iter().any(Quota::is_unlimited) {
             return Ok(Decision::new(true, now, BandStates::new()).with_slots(state));
         }
-        let decision = match self.decide(key, bands, Op::Charge(cost), clock) {
+        let decision = match self.decide(scope, user, bands, Op::Charge(cost), clock) {
             Ok(decision) => decision,
             Err(error) => {
-                self.release_slot(key, Lease(id));
+                self.release_slot(scope, user, Lease(id));
                 return Err(error);
             }
         };
         if decision.allowed {
             return Ok(decision.with_slots(state));
         }
-        let in_use = self.release_slot(key, Lease(id));
+        let in_use = self.release_slot(scope, user, Lease(id));
         let state = SlotState {
             in_use,
             lease: None,
@@ -66,8 +66,14 @@ impl Inner {
     }
 
     /// Gives `lease` of `key` back.
-    pub(super) fn release(&self, key: StorageKey<'_>, lease: Lease, clock: &Arc<dyn Clock>) -> Decision {
-        let in_use = self.release_slot(key, lease);
+    pub(super) fn release(
+        &self,
+        scope: &Scope,
+        user: &str,
+        lease: Lease,
+        clock: &Arc<dyn Clock>,
+    ) -> Decision {
+        let in_use = self.release_slot(scope, user, lease);
         let state = SlotState {
             limit: 0,
             in_use,
@@ -82,13 +88,13 @@ impl Inner {
     #[inline(never)]
     fn new_set(
         &self,
-        scope: &super::scope::Scope,
-        key: StorageKey<'_>,
+        scope: &Scope,
+        user: &str,
         id: u64,
         now: crate::clock::Nanos,
         slots: &Slots,
     ) -> SlotState {
-        match scope.slots.entry(Box::from(key.user)) {
+        match scope.slots.entry(Box::from(user)) {
             dashmap::mapref::entry::Entry::Occupied(mut e) => e.get_mut().acquire(id, now, slots),
             dashmap::mapref::entry::Entry::Vacant(e) => {
                 self.slot_sets.fetch_add(1, Ordering::Relaxed);
@@ -99,29 +105,23 @@ impl Inner {
 
     /// Gives `lease` back; the slots still in use. The set stays for the
     /// next request, unless the sets are past the key cap.
-    fn release_slot(&self, key: StorageKey<'_>, lease: Lease) -> u32 {
-        self.scopes.with(&key, |scope| {
-            let in_use = match scope.slots.get_mut(key.user) {
-                Some(mut set) => {
-                    set.release(lease);
-                    set.in_use()
-                }
-                None => return 0,
-            };
-            if in_use == 0 && self.slot_sets.load(Ordering::Relaxed) > self.max_keys {
-                self.remove_empty_set(scope, key);
+    fn release_slot(&self, scope: &Scope, user: &str, lease: Lease) -> u32 {
+        let in_use = match scope.slots.get_mut(user) {
+            Some(mut set) => {
+                set.release(lease);
+                set.in_use()
             }
-            in_use
-        })
+            None => return 0,
+        };
+        if in_use == 0 && self.slot_sets.load(Ordering::Relaxed) > self.max_keys {
+            self.remove_empty_set(scope, user);
+        }
+        in_use
     }
 
     #[cold]
-    fn remove_empty_set(&self, scope: &super::scope::Scope, key: StorageKey<'_>) {
-        if scope
-            .slots
-            .remove_if(key.user, |_, set| set.in_use() == 0)
-            .is_some()
-        {
+    fn remove_empty_set(&self, scope: &Scope, user: &str) {
+        if scope.slots.remove_if(user, |_, set| set.in_use() == 0).is_some() {
             self.slot_sets.fetch_sub(1, Ordering::Relaxed);
         }
     }

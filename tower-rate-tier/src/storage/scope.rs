@@ -1,0 +1,97 @@
+//! Prepared tiers: [`TierScope`], a storage's state of one tier, found once
+//! when the tier table is built rather than on every decision.
+//!
+//! A [`RateTier`](crate::RateTier) asks its storage to
+//! [`prepare`](super::Storage::prepare) each tier when its table is built
+//! (at `build()`, and again at each
+//! [`set_tier`](crate::RateTier::set_tier)); the tier entry holds the
+//! scope, and every decision of the tier is one call on it: no lookup by
+//! name. A storage that prepares nothing (the default, and the usual shape
+//! of a custom storage) is decided through [`Storage::decide`] with the
+//! tier's names, by [`ByName`].
+//!
+//! A storage prepares a tier from what it keeps for it: the memory storage
+//! hands out its maps of the tier (a tier set again with the same name finds
+//! the same maps, so users keep their state across changes), a wrapper
+//! prepares the tier in the storage it wraps and adds its own part.
+
+use std::fmt;
+use std::sync::Arc;
+
+use super::{Decide, Op, Storage, StorageKey};
+use crate::clock::Clock;
+use crate::quota::Quota;
+
+/// Which tier a scope is prepared for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ScopeKey<'a> {
+    /// Separates limiters sharing one storage (empty by default).
+    pub namespace: &'a str,
+    /// The tier's name.
+    pub tier: &'a str,
+}
+
+impl<'a> ScopeKey<'a> {
+    /// The storage key of `user` in this tier.
+    pub fn user(self, user: &'a str) -> StorageKey<'a> {
+        StorageKey {
+            namespace: self.namespace,
+            tier: self.tier,
+            user,
+        }
+    }
+}
+
+/// A storage's state of one tier: decides for the tier's users without
+/// looking the tier up. See the [module documentation](self).
+pub trait TierScope: Send + Sync + fmt::Debug + 'static {
+    /// Carries out `op` on every band of `user` in this tier, atomically, as
+    /// [`Storage::decide`] does for the key of `user` in this tier.
+    fn decide(&self, user: &str, bands: &[Quota], op: Op, clock: &Arc<dyn Clock>) -> Decide;
+}
+
+/// The scope of a tier whose storage prepares none: each decision goes to
+/// [`Storage::decide`] with the tier's names.
+pub(crate) struct ByName {
+    storage: Arc<dyn Storage>,
+    namespace: Box<str>,
+    tier: Box<str>,
+}
+
+impl ByName {
+    pub(crate) fn new(storage: Arc<dyn Storage>, at: ScopeKey<'_>) -> Self {
+        ByName {
+            storage,
+            namespace: at.namespace.into(),
+            tier: at.tier.into(),
+        }
+    }
+}
+
+impl TierScope for ByName {
+    fn decide(&self, user: &str, bands: &[Quota], op: Op, clock: &Arc<dyn Clock>) -> Decide {
+        let key = StorageKey {
+            namespace: &self.namespace,
+            tier: &self.tier,
+            user,
+        };
+        self.storage.decide(key, bands, op, clock)
+    }
+}
+
+impl fmt::Debug for ByName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ByName")
+            .field("namespace", &self.namespace)
+            .field("tier", &self.tier)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The scope of `at` in `storage`: the one it prepares, else [`ByName`].
+pub(crate) fn prepare(storage: &Arc<dyn Storage>, at: ScopeKey<'_>) -> Arc<dyn TierScope> {
+    match storage.prepare(at) {
+        Some(scope) => scope,
+        None => Arc::new(ByName::new(storage.clone(), at)),
+    }
+}
