@@ -1,6 +1,7 @@
 //! gRPC over real TCP with a real tonic client: admitted calls, then
 //! RESOURCE_EXHAUSTED with details the client decodes, costs per method,
-//! the health service exempted, a streaming call refused at its start,
+//! the health service exempted, a streaming call refused at its start, a
+//! call over a concurrency limit (a stream holding the slot) refused,
 //! storage-error policies, other refusals through the status table. tonic
 //! routed inside an axum app is in `axum.rs`.
 
@@ -155,6 +156,59 @@ async fn a_streaming_call_is_refused_at_its_start() {
     // another key still streams
     let mut stream = watch("bob").await.unwrap().into_inner();
     assert!(stream.message().await.unwrap().is_some());
+}
+
+#[tokio::test]
+async fn a_call_over_the_concurrency_limit_names_the_concurrency_item() {
+    let tiers = RateTier::builder()
+        .tier("free", Quota::per_minute(100))
+        .tier_concurrency("free", 1)
+        .clock(FakeClock::new())
+        .build();
+    let channel = serve_tonic(TierLimitLayer::new(tiers).identifier_fn(api_key)).await;
+    let watch = || {
+        let mut client = HealthClient::new(channel.clone());
+        async move {
+            let mut request = tonic::Request::new(HealthCheckRequest {
+                service: String::new(),
+            });
+            request.metadata_mut().insert("x-api-key", "ada".parse().unwrap());
+            client.watch(request).await
+        }
+    };
+
+    // a streaming call holds ada's one slot for the stream's life
+    let mut stream = watch().await.unwrap().into_inner();
+    let first = tokio::time::timeout(Duration::from_secs(5), stream.message()).await;
+    assert_eq!(first.unwrap().unwrap().unwrap().status(), ServingStatus::Serving);
+    let status = call(&channel, CHEAP, "ada", "free").await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    assert_eq!(
+        status.get_details_retry_info().unwrap().retry_delay,
+        Some(Duration::from_secs(1))
+    );
+    let quota = status.get_details_quota_failure().expect("a QuotaFailure detail");
+    let subjects: Vec<&str> = quota.violations.iter().map(|v| v.subject.as_str()).collect();
+    assert_eq!(subjects, ["tier:free.concurrency"], "{quota:?}");
+    let policy = metadata(&status, "ratelimit-policy").unwrap();
+    assert!(
+        policy.contains(r#""free.concurrency";q=1;qu="concurrent-requests""#),
+        "{policy}"
+    );
+    // another caller has a slot of its own
+    call(&channel, CHEAP, "bob", "free").await.unwrap();
+
+    // the stream cancelled: the slot comes back
+    drop(stream);
+    let mut admitted = false;
+    for _ in 0..200 {
+        if call(&channel, CHEAP, "ada", "free").await.is_ok() {
+            admitted = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(admitted, "the cancelled stream's slot never came back");
 }
 
 #[tokio::test]

@@ -1,9 +1,11 @@
 //! Concurrency limits in Redis: instances share the count of requests in
-//! flight, a dead instance's slots come back after the lease, the deny cache
-//! never repeats a concurrency refusal, and the fallback gives each instance
-//! its share of the slots while Redis is down.
+//! flight, a dead instance's slots come back after the lease, an acquire is
+//! one script call (on a Cluster too) that takes no slot when the rate
+//! refuses, the deny cache never repeats a concurrency refusal, and the
+//! fallback gives each instance its share of the slots while Redis is down.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -11,12 +13,13 @@ use axum::body::Body;
 use axum::routing;
 use http::{HeaderMap, Request, StatusCode};
 use tower::ServiceExt;
-use tower_rate_tier::clock::{Clock, SystemClock};
+use tower_rate_tier::clock::{Clock, FakeClock, SystemClock};
 use tower_rate_tier::storage::{Decision, Fallback, Op, RedisStorage, Slots, Storage};
 use tower_rate_tier::{Quota, RateTier, TierIdentity, TierLimitLayer};
-use tower_rate_tier_tests::redis::RedisServer;
+use tower_rate_tier_tests::StorageOps;
+use tower_rate_tier_tests::redis::{RedisServer, cluster};
 
-use super::{key, storage};
+use super::{key, script_only, storage};
 
 fn identity(headers: &HeaderMap) -> Option<TierIdentity> {
     Some(TierIdentity::new(headers.get("x-user")?.to_str().ok()?, "free"))
@@ -44,13 +47,28 @@ async fn get(app: &Router, user: &str) -> http::Response<axum::body::Body> {
 }
 
 async fn acquire(storage: &impl Storage, user: &str, limit: u32, lease: Duration) -> Decision {
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    acquire_at(storage, user, Quota::per_hour(1_000), limit, lease).await
+}
+
+/// An acquire of one slot of `limit` and one unit of `rate`.
+async fn acquire_at(
+    storage: &impl Storage,
+    user: &str,
+    rate: Quota,
+    limit: u32,
+    lease: Duration,
+) -> Decision {
     let op = Op::Acquire {
         cost: 1,
         slots: Slots { limit, lease },
     };
+    decide(storage, user, rate, op).await
+}
+
+async fn decide(storage: &impl Storage, user: &str, rate: Quota, op: Op) -> Decision {
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     storage
-        .decide(key("free", user), &[Quota::per_hour(1_000)], op, &clock)
+        .decide(key("free", user), &[rate], op, &clock)
         .await
         .unwrap()
 }
@@ -168,6 +186,301 @@ async fn a_refusal_by_one_limit_consumes_nothing_of_the_other() {
     let refused = body(refused).await;
     assert!(refused.contains(r#""violated-policies":["free"]"#), "{refused}");
     settle(&server).await;
+}
+
+/// What the server ran, from `INFO commandstats`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Ran {
+    evalsha: u64,
+    eval: u64,
+    zadd: u64,
+    zrem: u64,
+    set: u64,
+}
+
+impl Ran {
+    fn now(server: &RedisServer) -> Ran {
+        let info = server.cli(&["INFO", "commandstats"]);
+        let calls = |command| tower_rate_tier_tests::redis::command_calls(&info, command);
+        Ran {
+            evalsha: calls("evalsha"),
+            eval: calls("eval"),
+            zadd: calls("zadd"),
+            zrem: calls("zrem"),
+            set: calls("set"),
+        }
+    }
+
+    fn since(self, before: Ran) -> Ran {
+        Ran {
+            evalsha: self.evalsha - before.evalsha,
+            eval: self.eval - before.eval,
+            zadd: self.zadd - before.zadd,
+            zrem: self.zrem - before.zrem,
+            set: self.set - before.set,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_is_one_script_call_whatever_its_outcome() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    // every decision its own call, none answered in process
+    let storage = script_only(&server.url()).await;
+    let lease = Duration::from_secs(60);
+    let rate = Quota::per_hour(2);
+    // the script is loaded (a NOSCRIPT answered by EVAL) before counting
+    assert!(acquire_at(&storage, "warm", rate, 1, lease).await.allowed);
+    let before = Ran::now(&server);
+
+    let first = acquire_at(&storage, "ada", rate, 1, lease).await;
+    let slot = first.slots.unwrap();
+    assert!(
+        first.allowed && slot.lease.is_some() && slot.in_use == 1,
+        "{first:?}"
+    );
+    assert_eq!(first.bands[0].remaining, 1);
+    // no slot free: refused, nothing charged
+    let full = acquire_at(&storage, "ada", rate, 1, lease).await;
+    let slot = full.slots.unwrap();
+    assert!(!full.allowed && slot.refused && slot.lease.is_none(), "{full:?}");
+    decide(
+        &storage,
+        "ada",
+        rate,
+        Op::Release(first.slots.unwrap().lease.unwrap()),
+    )
+    .await;
+    let second = acquire_at(&storage, "ada", rate, 1, lease).await;
+    assert!(second.allowed, "{second:?}");
+    assert_eq!(second.bands[0].remaining, 0, "the refusal charged nothing");
+    decide(
+        &storage,
+        "ada",
+        rate,
+        Op::Release(second.slots.unwrap().lease.unwrap()),
+    )
+    .await;
+    // the rate spent: refused by the band, no slot taken
+    let spent = acquire_at(&storage, "ada", rate, 1, lease).await;
+    let slot = spent.slots.unwrap();
+    assert!(
+        !spent.allowed && !slot.refused && slot.lease.is_none(),
+        "{spent:?}"
+    );
+    assert_eq!(slot.in_use, 0);
+    assert!(spent.bands[0].retry_after_ns > 0, "{spent:?}");
+
+    // four acquires and two releases: six calls, one each; two slots
+    // taken and two given back (by the releases), two charges written
+    let ran = Ran::now(&server).since(before);
+    let expected = Ran {
+        evalsha: 6,
+        eval: 0,
+        zadd: 2,
+        zrem: 2,
+        set: 2,
+    };
+    assert_eq!(ran, expected);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_decides_its_bands_as_a_charge_does() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let clock = FakeClock::new();
+    let storage = RedisStorage::builder(server.url())
+        .client_clock(clock.clone())
+        .batching(false)
+        .deny_cache(false)
+        .connect()
+        .await
+        .unwrap();
+    let shared: Arc<dyn Clock> = Arc::new(clock.clone());
+    let slots = Slots {
+        limit: 1_000,
+        lease: Duration::from_secs(60),
+    };
+    // one limited band (the script's short path) and two (its general one)
+    let tiers = [
+        vec![Quota::per_second(4)],
+        vec![Quota::per_second(5), Quota::per_minute(40)],
+    ];
+    for (t, bands) in tiers.iter().enumerate() {
+        let (charger, acquirer) = (format!("charge-{t}"), format!("acquire-{t}"));
+        let mut outcomes = [0; 2];
+        for step in 0..60 {
+            let cost = [1, 2, 3][step % 3];
+            let charged = storage.check(key("free", &charger), bands, cost).await.unwrap();
+            let acquire = Op::Acquire { cost, slots };
+            let acquired = storage
+                .decide(key("free", &acquirer), bands, acquire, &shared)
+                .await
+                .unwrap();
+            if let Some(lease) = acquired.slots.unwrap().lease {
+                decide(&storage, &acquirer, bands[0], Op::Release(lease)).await;
+            }
+            assert_eq!(
+                acquired.allowed, charged.allowed,
+                "step {step}: {acquired:?} {charged:?}"
+            );
+            assert_eq!(acquired.bands, charged.bands, "step {step}");
+            assert_eq!(acquired.now, charged.now, "step {step}");
+            outcomes[usize::from(charged.allowed)] += 1;
+            clock.advance(Duration::from_millis(90));
+        }
+        assert!(outcomes[0] > 5 && outcomes[1] > 5, "{outcomes:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_refusal_holds_no_slot_even_for_a_moment() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let storage = script_only(&server.url()).await;
+    let lease = Duration::from_secs(60);
+    let rate = Quota::per_hour(1);
+    // the user's one unit is spent by a request that held the one slot
+    let spend = acquire_at(&storage, "ada", rate, 1, lease).await;
+    assert!(spend.allowed, "{spend:?}");
+    let band = storage.band_key(key("free", "ada"), &rate);
+    let slots_key = format!("{}slots", &band[..=band.rfind(':').unwrap()]);
+    assert_eq!(server.cli(&["--scan", "--pattern", "*slots"]), slots_key);
+    decide(
+        &storage,
+        "ada",
+        rate,
+        Op::Release(spend.slots.unwrap().lease.unwrap()),
+    )
+    .await;
+
+    // a second connection watches the slot set while 64 tasks acquire
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut watcher = client.get_multiplexed_async_connection().await.unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let (looks, most) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let watch = tokio::spawn({
+        let (stop, looks, most) = (stop.clone(), looks.clone(), most.clone());
+        async move {
+            while !stop.load(Ordering::Relaxed) {
+                let taken: u64 = redis::cmd("ZCARD")
+                    .arg(&slots_key)
+                    .query_async(&mut watcher)
+                    .await
+                    .unwrap();
+                most.fetch_max(taken, Ordering::Relaxed);
+                looks.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    });
+    while looks.load(Ordering::Relaxed) == 0 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let before = Ran::now(&server);
+    let looked_before = looks.load(Ordering::Relaxed);
+    let (tasks, each) = (64, 20);
+    let mut handles = Vec::new();
+    for _ in 0..tasks {
+        let storage = storage.clone();
+        handles.push(tokio::spawn(async move {
+            let mut decisions = Vec::new();
+            for _ in 0..each {
+                decisions.push(acquire_at(&storage, "ada", rate, 1, lease).await);
+            }
+            decisions
+        }));
+    }
+    let mut decisions = Vec::new();
+    for handle in handles {
+        decisions.extend(handle.await.unwrap());
+    }
+    let ran = Ran::now(&server).since(before);
+    let looked_during = looks.load(Ordering::Relaxed) - looked_before;
+    stop.store(true, Ordering::Relaxed);
+    watch.await.unwrap();
+
+    let by_slots = decisions.iter().filter(|d| d.slots.unwrap().refused).count();
+    let admitted = decisions.iter().filter(|d| d.allowed).count();
+    eprintln!(
+        "{} acquires: {admitted} admitted, {by_slots} refused by the slot limit; \
+         the watcher saw at most {} slots taken in {looked_during} looks; the server ran {ran:?}",
+        decisions.len(),
+        most.load(Ordering::Relaxed),
+    );
+    // every acquire refused by the rate: none found the slot taken by
+    // another (which would refuse it for concurrency, with `Retry-After: 1`
+    // rather than the rate's wait)
+    assert_eq!(decisions.len(), tasks * each);
+    for decision in &decisions {
+        let slot = decision.slots.unwrap();
+        assert!(!decision.allowed, "{decision:?}");
+        assert!(
+            !slot.refused && slot.lease.is_none() && slot.in_use == 0,
+            "{decision:?}"
+        );
+        assert!(decision.bands[0].retry_after_ns > 0, "{decision:?}");
+    }
+    // seen from outside, the slot set stayed empty; inside, nothing was
+    // written: one call per acquire, no slot taken or given back, no charge
+    assert!(
+        looked_during > 0,
+        "the watcher never looked while the tasks acquired"
+    );
+    assert_eq!(most.load(Ordering::Relaxed), 0, "a refused request held a slot");
+    let expected = Ran {
+        evalsha: (tasks * each) as u64,
+        eval: 0,
+        zadd: 0,
+        zrem: 0,
+        set: 0,
+    };
+    assert_eq!(ran, expected);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_on_a_cluster_is_one_call_to_the_users_node() {
+    let Some(cluster) = cluster() else { return };
+    let storage = RedisStorage::cluster(cluster.urls())
+        .prefix("trt-cluster-slots")
+        .batching(false)
+        .deny_cache(false)
+        .connect()
+        .await
+        .expect("connect to the test cluster");
+    let lease = Duration::from_secs(60);
+    let rate = Quota::per_hour(2);
+    // users spread over the three nodes: each call's slot set and band
+    // share the user's hash slot
+    for i in 0..12 {
+        let user = format!("user-{i}");
+        let first = acquire_at(&storage, &user, rate, 1, lease).await;
+        assert!(first.allowed, "{first:?}");
+        let full = acquire_at(&storage, &user, rate, 1, lease).await;
+        assert!(full.slots.unwrap().refused, "{full:?}");
+        decide(
+            &storage,
+            &user,
+            rate,
+            Op::Release(first.slots.unwrap().lease.unwrap()),
+        )
+        .await;
+        let second = acquire_at(&storage, &user, rate, 1, lease).await;
+        assert_eq!(second.bands[0].remaining, 0, "{second:?}");
+        decide(
+            &storage,
+            &user,
+            rate,
+            Op::Release(second.slots.unwrap().lease.unwrap()),
+        )
+        .await;
+        let spent = acquire_at(&storage, &user, rate, 1, lease).await;
+        let slot = spent.slots.unwrap();
+        assert!(!spent.allowed && !slot.refused && slot.in_use == 0, "{spent:?}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,14 +1,17 @@
 //! The application's own redis-rs connection: a `ConnectionManager` with an
-//! ACL user of the fewest permissions the storage needs, one shared with the
-//! application, one over TLS with client certificates, and a `ClusterClient`.
+//! ACL user of the fewest permissions the storage needs (and those a
+//! concurrency tier adds), one shared with the application, one over TLS
+//! with client certificates, and a `ClusterClient`.
 
 use std::error::Error as _;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionManager;
 use redis::{ClientTlsConfig, TlsCertificates};
 use tower_rate_tier::Quota;
-use tower_rate_tier::storage::{RedisStorage, StorageError, StorageErrorKind};
+use tower_rate_tier::clock::{Clock, SystemClock};
+use tower_rate_tier::storage::{Op, RedisStorage, Slots, Storage, StorageError, StorageErrorKind};
 use tower_rate_tier_tests::StorageOps;
 use tower_rate_tier_tests::redis::{RedisServer, TlsFiles, cluster, free_port};
 
@@ -21,6 +24,9 @@ const TLS_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The permissions the module docs list.
 const NEEDED: [&str; 7] = ["+evalsha", "+eval", "+time", "+get", "+mget", "+set", "+del"];
+
+/// What a tier with a concurrency limit adds to [`NEEDED`] (its slots).
+const SLOT_COMMANDS: [&str; 5] = ["+zremrangebyscore", "+zcard", "+zadd", "+zrem", "+pexpire"];
 
 /// Creates ACL user `name` (password `pw`) with keys `acl:*` and `grants`.
 fn acl_user(server: &RedisServer, name: &str, grants: &[&str]) {
@@ -113,6 +119,42 @@ async fn an_acl_user_with_the_documented_permissions_is_enough_and_each_one_is_n
             assert!(source.is_some(), "{missing}: {err}");
         }
     }
+}
+
+#[tokio::test]
+async fn a_concurrency_tier_needs_the_slot_commands_and_without_them_charges_nothing() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rate = [Quota::per_minute(3)];
+    let acquire = Op::Acquire {
+        cost: 1,
+        slots: Slots {
+            limit: 2,
+            lease: Duration::from_secs(60),
+        },
+    };
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let grants: Vec<&str> = NEEDED.into_iter().chain(SLOT_COMMANDS).collect();
+    acl_user(&server, "limiter", &grants);
+    let storage = storage_as(&server, "limiter", "acl").await.expect("connect");
+    let taken = storage.decide(key("free", "ada"), &rate, acquire, &clock).await;
+    let taken = taken.expect("an acquire with the documented permissions");
+    assert!(taken.allowed && taken.bands[0].remaining == 2, "{taken:?}");
+    let release = Op::Release(taken.slots.unwrap().lease.unwrap());
+    let released = storage.decide(key("free", "ada"), &rate, release, &clock).await;
+    assert_eq!(released.expect("a release").slots.unwrap().in_use, 0);
+
+    // the rate's permissions alone: the acquire fails, and charges nothing
+    acl_user(&server, "no-slots", &NEEDED);
+    let without = storage_as(&server, "no-slots", "acl").await.expect("connect");
+    let err = without
+        .decide(key("free", "ada"), &rate, acquire, &clock)
+        .await
+        .expect_err("the slot commands are needed");
+    assert!(err.to_string().contains("ACL"), "{err}");
+    let peek = storage.check(key("free", "ada"), &rate, 0).await.unwrap();
+    assert_eq!(peek.bands[0].remaining, 2, "the failed acquire charged nothing");
 }
 
 #[tokio::test]

@@ -1,12 +1,14 @@
 //! One decision on its way to Redis: its keys and arguments, the queue it
 //! waits in (the server's, a Cluster primary's, or none), and one script
-//! call of its own within the timeout.
+//! call of its own within the timeout (the call `slots.rs` makes too).
 
 use std::sync::Arc;
 
+use redis::Value;
+
 use super::super::{Decide, Decision, Op, StorageError, StorageErrorKind, StorageKey};
 use super::error::{Attempt, redis_error, timeout_error};
-use super::script::{Args, decode};
+use super::script::{Args, CallArgs, Script, decode};
 use super::{Batching, Inner, RedisStorage, batch, keys};
 use crate::quota::Quota;
 
@@ -27,17 +29,29 @@ impl Inner {
         self: Arc<Self>,
         (args, attempt): (Args, Attempt),
     ) -> Result<Decision, StorageError> {
+        let value = self.query(&self.script, &args, attempt).await?;
+        decode(value, &args.spans)
+    }
+
+    /// One call of `script` with `args` within the timeout: its reply, or
+    /// the failure of `attempt`.
+    pub(super) async fn query(
+        &self,
+        script: &Script,
+        args: &(impl CallArgs + Sync),
+        attempt: Attempt,
+    ) -> Result<Value, StorageError> {
         let call = async {
             let mut redirected = 0;
             loop {
-                match self.script.call(&self.conn, &args, attempt, None).await {
+                match script.call(&self.conn, args, attempt, None).await {
                     // A refused connection means the command was not sent:
                     // it may be the refusal that an earlier reconnect
                     // attempt left behind (during an outage that has ended
                     // since), so one more try reconnects now rather than
                     // failing this decision.
                     Err((_, e)) if e.is_connection_refusal() => {
-                        break self.script.call(&self.conn, &args, attempt, None).await;
+                        break script.call(&self.conn, args, attempt, None).await;
                     }
                     // On a Cluster whose slots move, a redirection that the
                     // driver's own retry met again (the slot moved on): the
@@ -51,7 +65,7 @@ impl Inner {
         match tokio::time::timeout(self.timeout, call).await {
             Err(_) => Err(timeout_error(attempt, self.timeout)),
             Ok(Err((attempt, e))) => Err(redis_error(attempt, e)),
-            Ok(Ok(value)) => decode(value, &args.spans),
+            Ok(Ok(value)) => Ok(value),
         }
     }
 }

@@ -30,8 +30,10 @@ pub(super) enum Attempt {
     ConnectCluster,
     /// Making a client from the configuration (before any I/O).
     Configure,
-    /// Taking or giving back a slot of a concurrency limit.
-    Slot,
+    /// Taking a slot of a concurrency limit with the charge of the bands.
+    Acquire,
+    /// Giving back a slot of a concurrency limit.
+    Release,
 }
 
 impl Attempt {
@@ -44,7 +46,8 @@ impl Attempt {
             Attempt::Connect => "connecting to Redis",
             Attempt::ConnectCluster => "connecting to the Redis Cluster",
             Attempt::Configure => "configuring the Redis client",
-            Attempt::Slot => "Redis concurrency slot",
+            Attempt::Acquire => "Redis concurrency slot and charge",
+            Attempt::Release => "Redis release of a concurrency slot",
         }
     }
 
@@ -52,6 +55,7 @@ impl Attempt {
     fn maybe_done(self) -> &'static str {
         match self {
             Attempt::Charge | Attempt::LoadScript => " (the request may still have been counted)",
+            Attempt::Acquire => " (the request may still have been counted and its slot taken)",
             Attempt::Refund => " (the refund may still have been made)",
             _ => "",
         }

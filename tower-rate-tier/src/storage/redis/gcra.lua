@@ -1,6 +1,7 @@
 -- tower-rate-tier: the GCRA arithmetic of a charge on one limited band,
--- which both scripts run (`redis.lua` for a decision of one band,
--- `batch.lua` for each short decision), in integer microseconds; the
+-- which every script runs (`redis.lua` for a decision of one band, as
+-- `slots.lua` runs it for an acquire, `batch.lua` for each short
+-- decision), in integer microseconds; the
 -- reference is `gcra::decide` (Rust, nanoseconds).
 --
 -- `v` is the band's stored value: a string as read, or a number as this

@@ -27,6 +27,8 @@
 //! clock), decides every band of the tier in integer microseconds, and either
 //! charges every band or writes nothing. Every write sets an expiry of the
 //! time until the band is full again (plus 1 ms), so keys vanish on their own.
+//! A tier with a concurrency limit takes a slot and charges the bands in one
+//! call (never batched), and gives the slot back in another.
 //!
 //! **Batching** (on by default,
 //! [`batching`](RedisStorageBuilder::batching)): a decision asked for while
@@ -180,11 +182,12 @@
 //! without sending it (without it every call sends the whole script);
 //! `+time`, `+get`, `+mget`, `+set` and `+del` are the commands the script
 //! itself runs, which Redis checks against the caller's ACL (`+time` is
-//! unused with a [client clock](RedisStorageBuilder::client_clock)). Neither
-//! `SCRIPT LOAD` nor `PING` is needed. On a Cluster the user also needs
-//! `+cluster|slots`, which redis-rs's cluster driver already reads; the
-//! storage reads it too, for its batches (without it every decision is its
-//! own call).
+//! unused with a [client clock](RedisStorageBuilder::client_clock)); a tier
+//! with a concurrency limit adds its slots' `+zremrangebyscore +zcard +zadd
+//! +zrem +pexpire` (grant all five). Neither `SCRIPT LOAD` nor `PING` is
+//! needed. On a Cluster the user also needs `+cluster|slots`, which
+//! redis-rs's cluster driver already reads; the storage reads it too, for
+//! its batches (without it every decision is its own call).
 //!
 //! TLS: `rediss://` URLs work once the application enables a TLS feature of
 //! the `redis` crate (`tokio-rustls-comp` or `tokio-native-tls-comp`); for

@@ -1,7 +1,9 @@
-//! The Lua scripts: `redis.lua` (one decision) and `batch.lua` (many
-//! decisions, each decided as `redis.lua` decides it), both after
-//! `gcra.lua` (the charge of one band, which they share), their arguments, the `EVALSHA`
-//! call with its `EVAL` fallbacks, and the reply of one decision.
+//! The Lua scripts: `redis.lua` (one decision), `batch.lua` (many
+//! decisions, each decided as `redis.lua` decides it) and `slots.lua` (a
+//! concurrency slot taken with the charge of its bands as `redis.lua`
+//! decides it, or given back), all after `gcra.lua` (the charge of one
+//! band, which they share), their arguments, the `EVALSHA` call with its
+//! `EVAL` fallbacks, and the reply of one decision.
 //!
 //! A call is one `EVALSHA`. A `NOSCRIPT` reply (a restarted or flushed
 //! server, a failover) is answered by one `EVAL`, which loads the script as
@@ -50,6 +52,17 @@ pub(super) const CLUSTER_BATCH: &str = concat!(
     include_str!("redis.lua"),
     "\nend\n",
     include_str!("batch.lua")
+);
+
+/// A concurrency slot: `slots.lua` takes one and charges the rate bands
+/// with `redis.lua`'s code, wrapped as the function `decide` (as
+/// [`BATCH`] wraps it), in one call and at one time, or gives one back.
+pub(super) const SLOTS: &str = concat!(
+    include_str!("gcra.lua"),
+    "local function decide(KEYS, ARGV)\n",
+    include_str!("redis.lua"),
+    "\nend\n",
+    include_str!("slots.lua")
 );
 
 /// The batch script's contract, its first argument: the script refuses a

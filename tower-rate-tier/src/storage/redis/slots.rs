@@ -1,16 +1,31 @@
 //! Concurrency limits in Redis: the slots of a key are a sorted set of
 //! lease ids scored by the time each lease ends, under the key's hash tag
-//! (`{prefix}:{<hash>}:slots`, in the hash slot of its rate bands), taken and
-//! given back by `slots.lua` in a script call of its own.
+//! (`{prefix}:{<hash>}:slots`, in the hash slot of its rate bands), taken
+//! and given back by `slots.lua`.
 //!
 //! Every instance sharing the server shares the count. A lease that has
 //! passed is a free slot (the script drops passed leases before it counts),
 //! so the slots of an instance that died come back after the lease; the set
-//! expires with its newest lease. An [`Op::Acquire`] takes a slot first and
-//! then charges the rate bands as any charge is (batched when batching is
-//! on, on a Cluster with the queue of the key's primary); when a band denies, or the charge fails, the slot is given back
-//! before the answer. So a concurrency tier costs Redis two round trips per
-//! request, and a third for the release when the response is over.
+//! expires with its newest lease.
+//!
+//! An [`Op::Acquire`] is one atomic script call, one round trip: at one
+//! server time, the script counts the slots in use and, when one is free,
+//! decides the rate bands with `redis.lua`'s own code (`SLOTS` in
+//! `script.rs`), then takes the slot only when every band admits. A
+//! refusal by the slot limit charges nothing, a refusal by a band takes no
+//! slot (nothing about the slots is written, so no other call ever sees
+//! one taken for a request the bands refuse), and a failure of the bands'
+//! decision takes none either. Every key of the call is under the
+//! identity's hash tag, so on a Redis Cluster it is a single-slot call to
+//! the key's primary.
+//!
+//! An acquire is not batched: each is a script call of its own, sent at
+//! once, with the retries of any single call (`Inner::query`), whether
+//! batching is on or not. So a tier with a concurrency limit does not share
+//! calls with other decisions (the deny cache still answers a spent user's
+//! acquires in process). An [`Op::Release`] is a second call, when the
+//! response is over. A call that timed out on our side may still have
+//! taken its slot, which then counts until its lease passes.
 
 use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
@@ -19,17 +34,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use redis::{Cmd, Value};
 
 use super::Inner;
-use super::error::{Attempt, redis_error, timeout_error};
+use super::error::Attempt;
 use super::keys::KeyBuf;
-use super::script::{CallArgs, Script};
-use crate::clock::Nanos;
+use super::script::{Args, CallArgs, SLOTS, Script, bad_reply, decode};
 use crate::quota::Quota;
-use crate::storage::{
-    BandStates, Decide, Decision, Lease, Op, SlotState, StorageError, StorageErrorKind, StorageKey,
-};
-
-/// `slots.lua`.
-pub(super) const SLOTS: &str = include_str!("slots.lua");
+use crate::storage::{Decide, Decision, Lease, Op, SlotState, StorageError, StorageErrorKind, StorageKey};
 
 /// Lease ids of one storage: distinct within it, and random across
 /// processes (a keyed hash of a counter under a key drawn at start), so
@@ -61,24 +70,45 @@ struct SlotArgs {
     lease: Lease,
     limit: u32,
     lease_us: u64,
+    /// The rate bands an acquire charges (their keys and spans), if any.
+    bands: Option<Args>,
+}
+
+impl SlotArgs {
+    /// The spans of the bands the call decides.
+    fn spans(&self) -> &[[u64; 3]] {
+        self.bands.as_ref().map_or(&[], |bands| &bands.spans[..])
+    }
 }
 
 impl CallArgs for SlotArgs {
     fn key_count(&self) -> usize {
-        1
+        1 + self.bands.as_ref().map_or(0, |bands| bands.keys.len())
     }
 
     fn size(&self) -> usize {
-        self.key.len() + 64
+        let bands = self.bands.as_ref().map_or(0, |bands| {
+            bands.keys.iter().map(|k| k.len()).sum::<usize>() + 60 * bands.spans.len()
+        });
+        self.key.len() + 64 + bands
     }
 
     fn push(&self, cmd: &mut Cmd) {
-        cmd.arg(1).arg(&self.key[..]).arg(self.mode);
+        cmd.arg(self.key_count()).arg(&self.key[..]);
+        if let Some(bands) = &self.bands {
+            for key in &bands.keys {
+                cmd.arg(&key[..]);
+            }
+        }
+        cmd.arg(self.mode);
         match self.now {
             Some(now) => cmd.arg(now),
             None => cmd.arg(""),
         };
         cmd.arg(self.lease.0).arg(self.limit).arg(self.lease_us);
+        for span in self.spans() {
+            cmd.arg(span[0]).arg(span[1]).arg(span[2]);
+        }
     }
 }
 
@@ -91,6 +121,8 @@ pub(super) fn send(inner: &Arc<Inner>, key: StorageKey<'_>, bands: &[Quota], op:
     match op {
         Op::Acquire { cost, slots } => {
             let lease = inner.leases.next();
+            // a tier without a rate limit has no band to charge
+            let unlimited = bands.iter().any(Quota::is_unlimited);
             let args = SlotArgs {
                 key: slot_key,
                 mode: "a",
@@ -98,32 +130,17 @@ pub(super) fn send(inner: &Arc<Inner>, key: StorageKey<'_>, bands: &[Quota], op:
                 lease,
                 limit: slots.limit,
                 lease_us: (slots.lease_nanos() / 1_000).max(1),
+                bands: (!unlimited).then(|| Args::new(&inner.keys, key, bands, Op::Charge(cost), now)),
             };
-            let unlimited = bands.iter().any(Quota::is_unlimited);
-            let charge = (!unlimited).then(|| inner.args(key, bands, Op::Charge(cost)));
             Decide::pending(async move {
-                let (taken, in_use, at) = call(&inner, &args).await?;
-                let mut state = SlotState {
+                let (slot, in_use, decision) = call(&inner, &args, Attempt::Acquire).await?;
+                let state = SlotState {
                     limit: slots.limit,
                     in_use,
-                    lease: taken.then_some(lease),
-                    refused: !taken,
+                    lease: (slot == Slot::Taken).then_some(lease),
+                    refused: slot == Slot::Full,
                 };
-                let Some(charge) = charge.filter(|_| taken) else {
-                    return Ok(Decision::new(taken, at, BandStates::new()).with_slots(state));
-                };
-                let decided = inner.submit(charge).await;
-                match decided {
-                    Ok(decision) if decision.allowed => Ok(decision.with_slots(state)),
-                    other => {
-                        // not admitted: the slot goes back before the answer
-                        let release = SlotArgs { mode: "r", ..args };
-                        let after = call(&inner, &release).await.map(|(_, n, _)| n);
-                        state.in_use = after.unwrap_or(state.in_use.saturating_sub(1));
-                        state.lease = None;
-                        other.map(|d| d.with_slots(state))
-                    }
-                }
+                Ok(decision.with_slots(state))
             })
         }
         Op::Release(lease) => {
@@ -134,16 +151,17 @@ pub(super) fn send(inner: &Arc<Inner>, key: StorageKey<'_>, bands: &[Quota], op:
                 lease,
                 limit: 0,
                 lease_us: 0,
+                bands: None,
             };
             Decide::pending(async move {
-                let (_, in_use, at) = call(&inner, &args).await?;
+                let (_, in_use, decision) = call(&inner, &args, Attempt::Release).await?;
                 let state = SlotState {
                     limit: 0,
                     in_use,
                     lease: None,
                     refused: false,
                 };
-                Ok(Decision::new(true, at, BandStates::new()).with_slots(state))
+                Ok(decision.with_slots(state))
             })
         }
         Op::Charge(_) | Op::Refund(_) => Decide::ready(Err(StorageError::new(
@@ -153,38 +171,46 @@ pub(super) fn send(inner: &Arc<Inner>, key: StorageKey<'_>, bands: &[Quota], op:
     }
 }
 
-/// One `slots.lua` call within the timeout: whether a slot was taken, the
-/// slots in use after, and the server's time.
-async fn call(inner: &Inner, args: &SlotArgs) -> Result<(bool, u32, Nanos), StorageError> {
-    let attempt = Attempt::Slot;
-    let reply = tokio::time::timeout(
-        inner.timeout,
-        inner.slots_script.call(&inner.conn, args, attempt, None),
-    )
-    .await;
-    let value = match reply {
-        Err(_) => return Err(timeout_error(attempt, inner.timeout)),
-        Ok(Err((attempt, e))) => return Err(redis_error(attempt, e)),
-        Ok(Ok(value)) => value,
-    };
-    let bad = || {
-        StorageError::new(
-            StorageErrorKind::Other,
-            "Redis answered the slots script with a malformed reply",
-        )
-    };
-    let Value::Array(items) = value else {
-        return Err(bad());
-    };
-    let [Value::Int(taken), Value::Int(in_use), Value::Int(now)] = items.as_slice() else {
-        return Err(bad());
-    };
-    let in_use = u32::try_from(*in_use).unwrap_or(u32::MAX);
-    let now = u64::try_from(*now).unwrap_or(0).saturating_mul(1_000);
-    Ok((*taken == 1, in_use, now))
+/// What a `slots.lua` call did with the slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    /// Taken (an acquire) or given back (a release).
+    Taken,
+    /// None was free: no band was charged.
+    Full,
+    /// A band denied: no slot was taken.
+    Denied,
 }
 
-/// A new script handle for `slots.lua`.
+/// One `slots.lua` call within the timeout: what it did with the slot, the
+/// slots in use after, and the decision of the bands (with no band state
+/// when it decided none).
+async fn call(
+    inner: &Inner,
+    args: &SlotArgs,
+    attempt: Attempt,
+) -> Result<(Slot, u32, Decision), StorageError> {
+    let value = inner.query(&inner.slots_script, args, attempt).await?;
+    let Value::Array(items) = value else {
+        return Err(bad_reply());
+    };
+    let Ok([Value::Int(slot), Value::Int(in_use), decision]) = <[Value; 3]>::try_from(items) else {
+        return Err(bad_reply());
+    };
+    let (slot, spans) = match slot {
+        1 => (Slot::Taken, args.spans()),
+        0 => (Slot::Full, &[][..]),
+        -1 => (Slot::Denied, args.spans()),
+        _ => return Err(bad_reply()),
+    };
+    let decision = decode(decision, spans)?;
+    if decision.allowed != (slot == Slot::Taken) {
+        return Err(bad_reply());
+    }
+    Ok((slot, u32::try_from(in_use).unwrap_or(u32::MAX), decision))
+}
+
+/// A new script handle for `slots.lua` (after the scripts it runs).
 pub(super) fn script() -> Script {
     Script::new(SLOTS)
 }
