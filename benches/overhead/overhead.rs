@@ -3,11 +3,12 @@
 //! layer, and with tower_governor's. See `run.sh` and `BENCHMARKS.md`.
 //!
 //! `overhead MODE N` with MODE one of `none`, `noop`, `ours`, `governor`,
-//! `governor-plain` (without `use_headers()`), `ours-none` (ours without
-//! rate-limit fields), `fields`, `fields+id` (see
+//! `governor-plain` (without `use_headers()`), `ours-ietf` (ours with the
+//! two IETF fields), `ours-none` (ours without rate-limit fields), `fields`, `fields+id` (see
 //! `app`), `contracts-first`, `contracts-late` (every user on a contract of
 //! its own; `late`: after 20,000 other distinct contracts were decided), or
-//! `core-ours`, `core-governor`, `core-ab ROUNDS` for the bare check.
+//! `core-ours`, `core-governor`, `core-governor-state` (governor answering with
+//! the state, as ours does), `core-ab ROUNDS` for the bare check.
 
 use std::borrow::Cow;
 use std::future::Future;
@@ -90,6 +91,18 @@ fn app(mode: &str) -> Router {
                 .build();
             router.layer(TierLimitLayer::new(tiers).identifier_fn(identify))
         }
+        // ours with the two IETF fields (`RateLimitHeaders::IETF`), as
+        // tower_governor's `use_headers()` adds two
+        "ours-ietf" => {
+            let tiers = RateTier::builder()
+                .tier("free", Quota::per_hour(10_000))
+                .default_tier("free")
+                .build();
+            let layer = TierLimitLayer::new(tiers)
+                .identifier_fn(identify)
+                .headers(tower_rate_tier::RateLimitHeaders::IETF);
+            router.layer(layer)
+        }
         // ours without rate-limit fields (`RateLimitHeaders::NONE`)
         "ours-none" => {
             let tiers = RateTier::builder()
@@ -171,7 +184,7 @@ fn app(mode: &str) -> Router {
                 .map_response(insert_fields),
         ),
         other => panic!(
-            "unknown mode {other}: use none, noop, ours, ours-concurrency, ours-none, governor, governor-plain, fields, fields+id, \
+            "unknown mode {other}: use none, noop, ours, ours-concurrency, ours-ietf, ours-none, governor, governor-plain, fields, fields+id, \
              contracts-first or contracts-late"
         ),
     }

@@ -15,25 +15,27 @@ count() {
     | sed -n 's/.*Collected : \([0-9]*\).*/\1/p'
 }
 declare -A per
-for mode in none noop fields fields+id ours ours-none governor governor-plain; do
+for mode in none noop fields fields+id ours ours-ietf ours-none governor governor-plain; do
   a=$(count "$mode" "$n"); b=$(count "$mode" $((2 * n)))
   per[$mode]=$(( (b - a) / n ))
 done
 printf '%-10s %14s %14s\n' mode "instr/request" "added/request"
-for mode in none noop fields fields+id ours ours-none governor governor-plain; do
+for mode in none noop fields fields+id ours ours-ietf ours-none governor governor-plain; do
   printf '%-10s %14d %14d\n' "$mode" "${per[$mode]}" $(( ${per[$mode]} - ${per[none]} ))
 done
 ours=$(( ${per[ours]} - ${per[none]} )); gov=$(( ${per[governor]} - ${per[none]} ))
+ietf=$(( ${per[ours-ietf]} - ${per[none]} ))
 plain=$(( ${per[governor-plain]} - ${per[none]} )); none=$(( ${per[ours-none]} - ${per[none]} ))
-awk -v o="$ours" -v g="$gov" 'BEGIN { printf "ours / tower_governor = %.2f\n", o / g }'
+awk -v o="$ours" -v g="$gov" 'BEGIN { printf "ours (five fields) / tower_governor = %.2f\n", o / g }'
+awk -v o="$ietf" -v g="$gov" 'BEGIN { printf "ours (IETF fields) / tower_governor = %.2f\n", o / g }'
 awk -v o="$none" -v g="$plain" 'BEGIN { printf "ours without fields / tower_governor without headers = %.2f\n", o / g }'
 # The bare check: instructions per check inside the loop functions alone
 # (the clocks' calibration and the first insertion of every key cancel out).
 core() {
   valgrind --tool=callgrind --toggle-collect="overhead::core_loop_$1" --callgrind-out-file=/dev/null \
-    "$bin" "core-$1" "$2" 2>&1 | sed -n 's/.*Collected : \([0-9]*\).*/\1/p'
+    "$bin" "core-${1//_/-}" "$2" 2>&1 | sed -n 's/.*Collected : \([0-9]*\).*/\1/p'
 }
-for subject in ours governor; do
+for subject in ours governor governor_state; do
   a=$(core "$subject" 100000); b=$(core "$subject" 200000)
   printf 'core check, %-8s %6d instructions\n' "$subject" $(( (b - a) / 100000 ))
 done
