@@ -266,3 +266,48 @@ async fn a_shadow_tier_from_the_enum_is_never_refused() {
     assert_eq!([status("free").await, status("free").await], [200, 429]);
     assert_eq!([status("beta").await, status("beta").await], [200, 200]);
 }
+
+/// An identity made from an enum value finds its tier wherever the table
+/// has it: after tiers added before the enum's, after a removal that moves
+/// the enum's tiers, and after its `tier` field was changed to another name.
+#[tokio::test]
+async fn a_typed_identity_finds_its_tier_wherever_the_table_has_it() {
+    let tiers = RateTier::builder()
+        .tier("legacy", Quota::per_hour(1))
+        .tier("beta", Quota::per_hour(2))
+        .tiers::<Plan>()
+        .clock(FakeClock::new())
+        .build();
+    let app = axum::Router::new()
+        .route("/", axum::routing::get(|| async { "ok" }))
+        .layer(tower_rate_tier::TierLimitLayer::new(tiers.clone()).identifier_fn(
+            |headers: &http::HeaderMap| {
+                let user = headers.get("x-user")?.to_str().ok()?;
+                let mut identity = tower_rate_tier::TierIdentity::new(user, Plan::Pro);
+                if user.starts_with("renamed") {
+                    identity.tier = "team-plus".into();
+                }
+                Some(identity)
+            },
+        ));
+    let policy = |user: &'static str| {
+        let app = app.clone();
+        async move {
+            let req = http::Request::get("/").header("x-user", user);
+            let reply =
+                tower_rate_tier_tests::reply::send(&app, req.body(axum::body::Body::empty()).unwrap()).await;
+            assert_eq!(reply.status, http::StatusCode::OK);
+            reply.header("ratelimit-policy").map(str::to_owned)
+        }
+    };
+    let pro = Some(r#""pro";q=200;w=144"#.to_owned());
+    let team = Some(r#""team-plus";q=600;w=60"#.to_owned());
+    assert_eq!(policy("ada").await, pro);
+    assert_eq!(policy("renamed-ada").await, team);
+    assert!(tiers.remove_tier("legacy"));
+    assert_eq!(policy("bob").await, pro);
+    assert_eq!(policy("renamed-bob").await, team);
+    // the tier replaced under the same name, now from a string
+    tiers.set_tier("pro", Quota::per_hour(6)).unwrap();
+    assert_eq!(policy("carol").await, Some(r#""pro";q=6;w=3600"#.to_owned()));
+}

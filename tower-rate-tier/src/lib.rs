@@ -96,7 +96,6 @@ pub mod __private;
 pub mod body;
 pub mod clock;
 pub mod cost;
-mod eq;
 mod event;
 mod gcra;
 #[cfg(feature = "grpc")]

@@ -173,7 +173,13 @@ pub(crate) use own::OwnQuotas;
 
 /// A client's identity: a user id and the name of their tier, and
 /// optionally quotas of its own ([`with_quotas`](Self::with_quotas)).
-#[derive(Clone, PartialEq, Eq, Hash)]
+///
+/// An identity made from a `#[rate_tiers]` value also carries the value's
+/// place in its enum: the limiter tries the tier there first and checks it
+/// is the same `&'static str` name, so a typed tier is found without
+/// comparing names. Changing [`tier`](Self::tier) afterwards is fine: a
+/// name the hint does not match is looked up by name.
+#[derive(Clone)]
 pub struct TierIdentity {
     /// The user id the quota is counted against: 1 to
     /// [`MAX_USER_ID_LEN`](crate::tier::MAX_USER_ID_LEN) (256) bytes; the
@@ -182,16 +188,37 @@ pub struct TierIdentity {
     pub user_id: String,
     /// The tier's name.
     pub tier: Cow<'static, str>,
+    /// Where the tier is likely to stand in the limiter's table.
+    hint: Option<u16>,
     quotas: Option<Arc<OwnQuotas>>,
+}
+
+impl PartialEq for TierIdentity {
+    /// The same user, tier and own quotas (however the tier was named).
+    fn eq(&self, other: &Self) -> bool {
+        self.user_id == other.user_id && self.tier == other.tier && self.quotas == other.quotas
+    }
+}
+
+impl Eq for TierIdentity {}
+
+impl std::hash::Hash for TierIdentity {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.user_id.hash(state);
+        self.tier.hash(state);
+        self.quotas.hash(state);
+    }
 }
 
 impl TierIdentity {
     /// An identity; `tier` is a `&str`, a `String` or a `#[rate_tiers]` enum
     /// value.
     pub fn new(user_id: impl Into<String>, tier: impl IntoTierName) -> Self {
+        let (tier, hint) = tier.into_tier_ref();
         TierIdentity {
             user_id: user_id.into(),
-            tier: tier.into_tier_name(),
+            tier,
+            hint,
             quotas: None,
         }
     }
@@ -248,6 +275,11 @@ impl TierIdentity {
     /// The identity's own bands with what the limiter built of them.
     pub(crate) fn own_quotas(&self) -> Option<&OwnQuotas> {
         self.quotas.as_deref()
+    }
+
+    /// Where its tier is likely to stand in the limiter's table.
+    pub(crate) fn tier_hint(&self) -> Option<u16> {
+        self.hint
     }
 }
 

@@ -173,7 +173,11 @@ impl Shared {
         });
         let (user, tier) = match identity {
             Some(identity) => {
-                let tier = match self.ledger.tiers.resolve(&identity.tier) {
+                let tier = match self
+                    .ledger
+                    .tiers
+                    .resolve_hinted(&identity.tier, identity.tier_hint())
+                {
                     Some(tier) => tier,
                     None => self.unknown_tier(head, &identity)?,
                 };

@@ -109,7 +109,7 @@ impl RateTierBuilder {
     /// names one, its default tier.
     pub fn tiers<T: TierTable>(mut self) -> Self {
         for &tier in T::all() {
-            self = self.tier(tier.tier_name(), tier.tier_quotas());
+            self = self.tier(tier, tier.tier_quotas());
             if tier.tier_shadow() {
                 self = self.shadow_tier(tier.tier_name());
             }
@@ -234,7 +234,7 @@ impl RateTierBuilder {
         let mut tiers = Vec::with_capacity(self.tiers.len());
         for (name, bands) in self.tiers {
             let scope = super::prepare(&storage, &self.namespace, &name);
-            let mut entry = TierEntry::new(&name, bands, scope)?;
+            let mut entry = TierEntry::new(name.clone(), bands, scope)?;
             entry.shadow = self.shadowed.contains(&name);
             tiers.push(entry);
         }

@@ -58,7 +58,8 @@ impl RateTier {
     /// ```
     pub fn set_tier(&self, name: impl IntoTierName, quotas: impl IntoQuotas) -> Result<(), BuildError> {
         let name = name.into_tier_name();
-        let mut entry = TierEntry::new(&name, quotas.into_quotas(), self.prepare(&name))?;
+        let scope = self.prepare(&name);
+        let mut entry = TierEntry::new(name.clone(), quotas.into_quotas(), scope)?;
         self.inner.table.rcu(|table| {
             // a shadowed tier stays shadowed; its concurrency limit stays
             let old = table.find(&name);

@@ -35,6 +35,7 @@
 //! assert_eq!((describe(&default), describe(&own)), (vec!["free".to_owned()], vec!["pro".to_owned()]));
 //! ```
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 
@@ -61,8 +62,10 @@ pub(crate) use outcome::{Detail, outcome};
 /// checks.
 #[derive(Debug)]
 pub(crate) struct TierEntry {
-    /// The name requests, keys and headers use.
-    pub(crate) name: Box<str>,
+    /// The name requests, keys and headers use (the `&'static str` of a
+    /// [`TierTable`] when it came from one, so that an identity naming the
+    /// tier by a table value is matched by address).
+    pub(crate) name: Cow<'static, str>,
     /// The storage's state of the tier, prepared when the table was built.
     pub(crate) scope: Arc<dyn TierScope>,
     pub(crate) bands: Box<[Quota]>,
@@ -188,6 +191,13 @@ impl RateTier {
     #[inline]
     pub(crate) fn resolve(&self, tier: &str) -> Option<Arc<TierEntry>> {
         self.inner.table.load().find(tier).cloned()
+    }
+
+    /// The tier named `tier` now, tried first at position `hint` (see
+    /// [`IntoTierName::into_tier_ref`]).
+    #[inline]
+    pub(crate) fn resolve_hinted(&self, tier: &str, hint: Option<u16>) -> Option<Arc<TierEntry>> {
+        self.inner.table.load().find_hinted(tier, hint).cloned()
     }
 
     /// The default tier now.

@@ -35,12 +35,31 @@ pub trait TierTable: Copy + Send + Sync + 'static {
     fn tier_concurrency(self) -> Option<u32> {
         None
     }
+
+    /// This tier's place in [`all`](Self::all).
+    fn tier_index(self) -> usize {
+        let name = self.tier_name();
+        Self::all()
+            .iter()
+            .position(|t| std::ptr::eq(t.tier_name(), name))
+            .unwrap_or(usize::MAX)
+    }
 }
 
 /// Anything that names a tier: `&str`, `String`, or a [`TierTable`] value.
 pub trait IntoTierName {
     /// The name.
     fn into_tier_name(self) -> Cow<'static, str>;
+
+    /// The name, and where the tier is likely to stand in a limiter's
+    /// table (a [`TierTable`] value's place in its enum); `None` by
+    /// default.
+    fn into_tier_ref(self) -> (Cow<'static, str>, Option<u16>)
+    where
+        Self: Sized,
+    {
+        (self.into_tier_name(), None)
+    }
 }
 
 impl IntoTierName for &str {
@@ -70,6 +89,11 @@ impl IntoTierName for Cow<'static, str> {
 impl<T: TierTable> IntoTierName for T {
     fn into_tier_name(self) -> Cow<'static, str> {
         Cow::Borrowed(self.tier_name())
+    }
+
+    fn into_tier_ref(self) -> (Cow<'static, str>, Option<u16>) {
+        let hint = u16::try_from(self.tier_index()).ok();
+        (Cow::Borrowed(self.tier_name()), hint)
     }
 }
 

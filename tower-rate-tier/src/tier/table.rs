@@ -2,12 +2,12 @@
 //! is replaced whole when a tier is set or removed at run time, so that a
 //! request is decided wholly on one version of its tier.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::num::NonZeroU32;
 use std::sync::Arc;
 
 use super::{BuildError, TierEntry};
-use crate::eq::same_name;
 use crate::headers::TierHeaders;
 use crate::quota::Quota;
 use crate::storage::{MAX_BANDS, TierScope};
@@ -34,10 +34,10 @@ impl Table {
         for entry in tiers {
             if table
                 .by_name
-                .insert(entry.name.clone(), table.tiers.len())
+                .insert(Box::from(&*entry.name), table.tiers.len())
                 .is_some()
             {
-                return Err(BuildError::DuplicateTier(entry.name.into()));
+                return Err(BuildError::DuplicateTier(entry.name.into_owned()));
             }
             table.tiers.push(Arc::new(entry));
         }
@@ -48,12 +48,26 @@ impl Table {
         Ok(table)
     }
 
+    /// The tier named `name`, tried first at position `hint` (a
+    /// [`TierTable`](super::TierTable) value's place in its table: a hit
+    /// when the table's tiers are this table's first, in order).
+    #[inline]
+    pub(crate) fn find_hinted(&self, name: &str, hint: Option<u16>) -> Option<&Arc<TierEntry>> {
+        if let Some(entry) = hint.and_then(|i| self.tiers.get(usize::from(i))) {
+            // The same `&'static str` is the same name, without comparing.
+            if std::ptr::eq(entry.name.as_ptr(), name.as_ptr()) && entry.name.len() == name.len() {
+                return Some(entry);
+            }
+        }
+        self.find(name)
+    }
+
     /// The tier named `name`.
     #[inline]
     pub(crate) fn find(&self, name: &str) -> Option<&Arc<TierEntry>> {
         // A few names compare faster than they hash.
         if self.tiers.len() <= LINEAR_LOOKUP_MAX_TIERS {
-            return self.tiers.iter().find(|t| same_name(&t.name, name));
+            return self.tiers.iter().find(|t| *t.name == *name);
         }
         self.by_name.get(name).map(|&i| &self.tiers[i])
     }
@@ -73,10 +87,10 @@ impl Table {
     /// This table with `entry` added, or in place of the tier of its name.
     pub(crate) fn with(&self, entry: TierEntry) -> Table {
         let mut next = self.clone();
-        match next.by_name.get(&entry.name) {
+        match next.by_name.get(&*entry.name) {
             Some(&i) => next.tiers[i] = Arc::new(entry),
             None => {
-                next.by_name.insert(entry.name.clone(), next.tiers.len());
+                next.by_name.insert(Box::from(&*entry.name), next.tiers.len());
                 next.tiers.push(Arc::new(entry));
             }
         }
@@ -95,7 +109,7 @@ impl Table {
         let by_name = tiers
             .iter()
             .enumerate()
-            .map(|(i, t)| (t.name.clone(), i))
+            .map(|(i, t)| (Box::from(&*t.name), i))
             .collect();
         let default = self.default.map(|d| if d > index { d - 1 } else { d });
         Some(Table {
@@ -110,22 +124,22 @@ impl TierEntry {
     /// The tier `name` with `bands`, checked.
     /// `scope` is the storage's state of the tier.
     pub(crate) fn new(
-        name: &str,
+        name: Cow<'static, str>,
         bands: Vec<Quota>,
         scope: Arc<dyn TierScope>,
     ) -> Result<TierEntry, BuildError> {
         if name.is_empty() || name.len() > 255 {
-            return Err(BuildError::InvalidName(name.to_owned()));
+            return Err(BuildError::InvalidName(name.into_owned()));
         }
         if bands.is_empty() {
-            return Err(BuildError::NoBands(name.to_owned()));
+            return Err(BuildError::NoBands(name.into_owned()));
         }
         if bands.len() > MAX_BANDS {
-            return Err(BuildError::TooManyBands(name.to_owned()));
+            return Err(BuildError::TooManyBands(name.into_owned()));
         }
         let unlimited = bands.iter().filter(|q| q.is_unlimited()).count();
         if unlimited > 0 && unlimited < bands.len() {
-            return Err(BuildError::UnlimitedWithBands(name.to_owned()));
+            return Err(BuildError::UnlimitedWithBands(name.into_owned()));
         }
         let unlimited = unlimited > 0;
         let bands: Box<[Quota]> = if unlimited {
@@ -139,8 +153,8 @@ impl TierEntry {
             bands.iter().map(Quota::burst).min().unwrap_or(0)
         };
         Ok(TierEntry {
-            headers: TierHeaders::new(name, &bands, None),
-            name: name.into(),
+            headers: TierHeaders::new(&name, &bands, None),
+            name,
             scope,
             bands,
             max_cost,
@@ -173,7 +187,7 @@ impl TierEntry {
     ) -> Result<TierEntry, BuildError> {
         let mut entry = match bands {
             Some(bands) => {
-                let mut entry = TierEntry::new(&tier.name, bands.to_vec(), tier.scope.clone())?;
+                let mut entry = TierEntry::new(tier.name.clone(), bands.to_vec(), tier.scope.clone())?;
                 entry.concurrency = None;
                 entry
             }

@@ -10,7 +10,6 @@ use dashmap::DashMap;
 
 use super::{Hasher, Tats};
 use crate::clock::Nanos;
-use crate::eq::same_name;
 use crate::storage::{LeaseSet, StorageKey};
 
 const SHARDS: usize = 64;
@@ -37,7 +36,7 @@ pub(super) struct Scope {
 impl Scope {
     #[inline]
     fn is(&self, namespace: &str, tier: &str) -> bool {
-        same_name(&self.tier, tier) && same_name(&self.namespace, namespace)
+        *self.tier == *tier && *self.namespace == *namespace
     }
 
     /// The storage key of `user` in this scope.
