@@ -290,3 +290,52 @@ fn per_customer_contracts_and_quota_changes_cost_like_keys() {
     println!("after the keys expired: {left} B of it left");
     assert!(left < (plain + contracts) / 4, "{left} B left after expiry");
 }
+
+/// Tiers added and removed at run time under names of their own (a reload
+/// that renames plans, say) leave nothing in a shared memory storage once
+/// their keys have expired: the storage drops the state no tier refers to.
+#[test]
+fn tiers_removed_at_run_time_leave_nothing_behind_in_the_storage() {
+    use tower_rate_tier::clock::FakeClock;
+    use tower_rate_tier::storage::MemoryStorage;
+    use tower_rate_tier::{Quota, RateTier};
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let runtime = runtime();
+    let clock = FakeClock::new();
+    let storage = MemoryStorage::builder()
+        .gc_interval(Duration::from_secs(3_600))
+        .build();
+    let tiers = RateTier::builder()
+        .tier("free", Quota::per_minute(100))
+        .default_tier("free")
+        .clock(clock.clone())
+        .storage(storage.clone())
+        .build();
+    drop(runtime.block_on(tiers.check("warm", "free", 1)));
+    let start = heap::live_bytes();
+    runtime.block_on(async {
+        for i in 0..2_000u32 {
+            let name = format!("plan-{i}");
+            tiers.set_tier(name.as_str(), Quota::per_minute(10)).unwrap();
+            tiers.check("ada", &name, 1).await.unwrap().unwrap();
+            assert!(tiers.remove_tier(&name));
+        }
+    });
+    let held = heap::delta(start, heap::live_bytes());
+    clock.advance(Duration::from_secs(3_600));
+    storage.sweep();
+    assert_eq!(storage.len(), 0);
+    let left = heap::delta(start, heap::live_bytes());
+    println!("2,000 tiers added, used and removed: {held} B held, {left} B left after expiry");
+    assert!(
+        left < 64 * 1024,
+        "{left} B left after 2,000 removed tiers expired"
+    );
+    // the tier that stays keeps working, and a removed name comes back fresh
+    runtime.block_on(async {
+        assert!(tiers.check("ada", "free", 1).await.unwrap().is_ok());
+        tiers.set_tier("plan-7", Quota::per_minute(1)).unwrap();
+        assert!(tiers.check("ada", "plan-7", 1).await.unwrap().is_ok());
+        assert!(tiers.check("ada", "plan-7", 1).await.unwrap().is_err());
+    });
+}

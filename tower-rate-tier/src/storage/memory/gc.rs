@@ -76,7 +76,7 @@ impl Inner {
 
     fn sweep_at(&self, now: Nanos) -> usize {
         let mut removed = 0usize;
-        for scope in self.scopes.all() {
+        for scope in self.scopes.all().iter() {
             scope.single.retain(|_, tat| {
                 let keep = *tat > now;
                 removed += usize::from(!keep);
@@ -95,6 +95,7 @@ impl Inner {
             shrink_if_sparse(&scope.multi);
             scope.release_single_if_empty();
         }
+        self.scopes.retire_unused();
         // Overflow buckets are not counted in `len`.
         self.overflow
             .lock()

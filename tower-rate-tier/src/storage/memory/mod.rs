@@ -222,7 +222,7 @@ impl MemoryStorage {
     /// How many scopes (namespace, tier) hold keys.
     #[cfg(test)]
     pub(crate) fn scope_count(&self) -> usize {
-        self.inner.scopes.all().count()
+        self.inner.scopes.all().len()
     }
 }
 
@@ -238,7 +238,7 @@ impl Storage for MemoryStorage {
 
     fn prepare(&self, at: ScopeKey<'_>) -> Option<Arc<dyn TierScope>> {
         Some(Arc::new(MemoryScope {
-            scope: self.inner.scopes.get(at.namespace, at.tier),
+            scope: self.inner.scopes.get(at.namespace, at.tier, false),
             inner: self.inner.clone(),
         }))
     }

@@ -3,9 +3,10 @@
 //! and a tier name each), never by the quotas of customers: a customer's
 //! own bands are kept in its own entry.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
+use arc_swap::ArcSwap;
 use dashmap::DashMap;
 
 use super::{Hasher, Tats};
@@ -18,6 +19,8 @@ const SHARDS: usize = 64;
 pub(super) struct Scope {
     namespace: Box<str>,
     tier: Box<str>,
+    /// A decision found it by its names (it is then never retired).
+    named: AtomicBool,
     /// The refill window (ms, plus 1; 0: none yet) of the one band whose
     /// state `single` holds: the first one-band window a decision brought
     /// since `single` was last empty (the tier's own band, in practice).
@@ -65,6 +68,11 @@ impl Scope {
         }
     }
 
+    /// Whether it holds no key and no slot set.
+    fn is_empty(&self) -> bool {
+        self.single.is_empty() && self.multi.is_empty() && self.slots.is_empty()
+    }
+
     /// After a sweep left `single` empty: the next one-band window claims
     /// it. (A decision racing the sweep may have just stored a time of the
     /// old window, which the new one then reads as its own: a time the new
@@ -77,86 +85,87 @@ impl Scope {
     }
 }
 
-/// How many scopes a storage finds in its first, fixed list.
-const FIRST: usize = 16;
-
-/// Every scope of a storage. Scopes are only ever added, never removed, so
-/// a decision that names its scope finds it with plain loads: no lock, no
-/// reference count. A tier prepared by
-/// [`Storage::prepare`](crate::storage::Storage::prepare) holds its scope and
-/// finds nothing.
-/// The first [`FIRST`] scopes (every limiter with a handful of tiers) sit in
-/// a fixed list of once-set slots, filled in order; any more in an
-/// append-only list.
+/// Every scope of a storage: a list replaced whole when a scope is added or
+/// retired, read without a lock.
+///
+/// A tier prepared by [`Storage::prepare`](crate::storage::Storage::prepare)
+/// holds its scope, and its decisions find nothing; a decision that names
+/// its tier (a storage wrapping this one that prepares nothing) finds the
+/// scope in the list. A sweep retires the scopes nothing refers to any more
+/// (no prepared tier holds them, no decision ever named them) once they are
+/// empty, so tiers removed or renamed at run time leave nothing behind.
 #[derive(Default)]
 pub(super) struct Scopes {
-    first: [OnceLock<Arc<Scope>>; FIRST],
-    more: boxcar::Vec<Arc<Scope>>,
-    /// One adder at a time, so that a scope is never added twice.
-    adding: Mutex<()>,
+    list: ArcSwap<Vec<Arc<Scope>>>,
+    /// One changer of the list at a time, so that a scope is never added
+    /// twice, and never retired while it is handed out.
+    changing: Mutex<()>,
 }
 
 impl Scopes {
-    /// Runs `f` on the scope of `key`, made on first use.
+    /// Runs `f` on the scope of `key`, made on first use. Such a scope is
+    /// never retired: decisions by name may reach it at any time.
     #[inline]
     pub(super) fn with<R>(&self, key: &StorageKey<'_>, f: impl FnOnce(&Scope) -> R) -> R {
-        match self.find(key.namespace, key.tier) {
-            Some(scope) => f(scope),
-            None => f(self.add(key.namespace, key.tier)),
+        let list = self.list.load();
+        match find(&list, key.namespace, key.tier) {
+            // Marked under the lock: never retired from then on.
+            Some(scope) if scope.named.load(Ordering::Relaxed) => f(scope),
+            _ => f(&self.get(key.namespace, key.tier, true)),
         }
     }
 
     /// The scope of `tier` in `namespace`, made on first use: what a
-    /// prepared tier holds.
-    pub(super) fn get(&self, namespace: &str, tier: &str) -> Arc<Scope> {
-        match self.find(namespace, tier) {
-            Some(scope) => scope.clone(),
-            None => self.add(namespace, tier).clone(),
-        }
-    }
-
-    #[inline]
-    fn find(&self, namespace: &str, tier: &str) -> Option<&Arc<Scope>> {
-        for slot in &self.first {
-            match slot.get() {
-                Some(scope) if scope.is(namespace, tier) => return Some(scope),
-                Some(_) => {}
-                None => return None,
+    /// prepared tier holds (`named`: for a decision by name).
+    pub(super) fn get(&self, namespace: &str, tier: &str, named: bool) -> Arc<Scope> {
+        let _changing = self.changing.lock().unwrap_or_else(PoisonError::into_inner);
+        let list = self.list.load();
+        if let Some(scope) = find(&list, namespace, tier) {
+            if named {
+                scope.named.store(true, Ordering::Relaxed);
             }
-        }
-        self.more
-            .iter()
-            .map(|(_, scope)| scope)
-            .find(|s| s.is(namespace, tier))
-    }
-
-    #[cold]
-    fn add(&self, namespace: &str, tier: &str) -> &Arc<Scope> {
-        let _adding = self.adding.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(scope) = self.find(namespace, tier) {
-            return scope;
+            return scope.clone();
         }
         let scope = Arc::new(Scope {
             namespace: namespace.into(),
             tier: tier.into(),
+            named: AtomicBool::new(named),
             single_window: AtomicU64::new(0),
             single: new_map(),
             multi: new_map(),
             slots: new_map(),
         });
-        match self.first.iter().find(|slot| slot.get().is_none()) {
-            Some(slot) => slot.get_or_init(|| scope),
-            None => &self.more[self.more.push(scope)],
-        }
+        let mut next = Vec::clone(&list);
+        next.push(scope.clone());
+        self.list.store(Arc::new(next));
+        scope
     }
 
     /// Every scope, for a sweep.
-    pub(super) fn all(&self) -> impl Iterator<Item = &Scope> {
-        let first = self.first.iter().map_while(OnceLock::get);
-        first
-            .chain(self.more.iter().map(|(_, scope)| scope))
-            .map(|scope| &**scope)
+    pub(super) fn all(&self) -> Arc<Vec<Arc<Scope>>> {
+        self.list.load_full()
     }
+
+    /// Removes the empty scopes that no prepared tier holds and no decision
+    /// named; how many.
+    pub(super) fn retire_unused(&self) -> usize {
+        let _changing = self.changing.lock().unwrap_or_else(PoisonError::into_inner);
+        let list = self.list.load_full();
+        // held by the list alone (no prepared tier holds it)
+        let unused = |scope: &Arc<Scope>| {
+            Arc::strong_count(scope) == 1 && !scope.named.load(Ordering::Relaxed) && scope.is_empty()
+        };
+        let retired = list.iter().filter(|s| unused(s)).count();
+        if retired > 0 {
+            let kept: Vec<Arc<Scope>> = list.iter().filter(|s| !unused(s)).cloned().collect();
+            self.list.store(Arc::new(kept));
+        }
+        retired
+    }
+}
+
+fn find<'a>(list: &'a [Arc<Scope>], namespace: &str, tier: &str) -> Option<&'a Arc<Scope>> {
+    list.iter().find(|scope| scope.is(namespace, tier))
 }
 
 fn new_map<V>() -> DashMap<Box<str>, V, Hasher> {
