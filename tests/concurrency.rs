@@ -284,6 +284,35 @@ async fn a_refusal_by_one_limit_consumes_nothing_of_the_other() {
     );
 }
 
+/// A refusal by rate takes no slot even for a moment: a user whose rate is
+/// spent, hammering from 64 tasks on two threads, is refused by its rate
+/// every time, never by a slot another of its refused requests holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_refusal_never_holds_a_slot_even_for_a_moment() {
+    let app = app(tiers(Quota::per_hour(1), 1));
+    assert_eq!(send(&app, get_as("ada", "/")).await.status, StatusCode::OK);
+    let tasks: Vec<_> = (0..64)
+        .map(|_| {
+            let app = app.clone();
+            tokio::spawn(async move {
+                let mut by_slots = 0;
+                for _ in 0..50 {
+                    let reply = send(&app, get_as("ada", "/")).await;
+                    assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
+                    let violated = reply.json()["violated-policies"].clone();
+                    by_slots += usize::from(violated != serde_json::json!(["free"]));
+                }
+                by_slots
+            })
+        })
+        .collect();
+    let mut by_slots = 0;
+    for task in tasks {
+        by_slots += task.await.unwrap();
+    }
+    assert_eq!(by_slots, 0, "{by_slots} of 3,200 refusals were by a slot a rate refusal held");
+}
+
 #[tokio::test]
 async fn a_dropped_response_future_gives_the_slot_back() {
     let app = app(tiers(Quota::per_minute(100), 1));

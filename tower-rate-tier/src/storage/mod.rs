@@ -120,7 +120,7 @@ pub enum Op {
     Refund(u32),
     /// Take one of the key's `slots` (a request in flight) and charge
     /// `cost` in every band, in one decision: when no slot is free nothing
-    /// is charged, and when a band denies the slot is given back. The
+    /// is charged, and when a band denies no slot is taken. The
     /// answer's [`Decision::slots`] says which; see [`slots`].
     Acquire {
         /// The units charged in every band.

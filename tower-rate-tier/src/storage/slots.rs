@@ -3,7 +3,9 @@
 //!
 //! [`Op::Acquire`](super::Op::Acquire) takes one of a key's slots and
 //! charges its rate bands in one decision: when no slot is free, no band is
-//! charged; when a band denies, the slot is given back at once. The answer
+//! charged; when a band denies, no slot is taken (nobody sees it taken,
+//! even for a moment: the memory and Redis storages decide both at once,
+//! under the key's lock or in one script). The answer
 //! carries a [`SlotState`] whose [`Lease`] names the slot taken;
 //! [`Op::Release`](super::Op::Release) gives it back. A slot whose lease has
 //! passed counts as free, so a slot a process never gave back (it died, or a

@@ -61,7 +61,9 @@ impl Inner {
                 .compare_exchange(last, now.max(1), Ordering::AcqRel, Ordering::Relaxed)
                 .is_ok()
         {
-            self.sweep_at(now);
+            // Rate keys only: a slot set may be locked by this very thread
+            // (an acquire decides its bands with its user's set held).
+            self.sweep_at(now, false);
             if self.len.fetch_add(1, Ordering::Relaxed) < self.max_keys {
                 return true;
             }
@@ -71,10 +73,12 @@ impl Inner {
     }
 
     pub(super) fn sweep(&self) -> usize {
-        self.sweep_at(self.now())
+        self.sweep_at(self.now(), true)
     }
 
-    fn sweep_at(&self, now: Nanos) -> usize {
+    /// Removes the keys expired at `now`; with `slots`, also the slot
+    /// sets whose leases all passed and the scopes nothing refers to.
+    fn sweep_at(&self, now: Nanos, slots: bool) -> usize {
         let mut removed = 0usize;
         for scope in self.scopes.all().iter() {
             scope.single.retain(|_, tat| {
@@ -87,15 +91,19 @@ impl Inner {
                 removed += usize::from(!keep);
                 keep
             });
-            let sets = super::slots::sweep(&scope.slots, now);
-            self.slot_sets.fetch_sub(sets, Ordering::Relaxed);
+            if slots {
+                let sets = super::slots::sweep(&scope.slots, now);
+                self.slot_sets.fetch_sub(sets, Ordering::Relaxed);
+            }
             // Give memory back after a flood has gone: tables mostly empty
             // are shrunk.
             shrink_if_sparse(&scope.single);
             shrink_if_sparse(&scope.multi);
             scope.release_single_if_empty();
         }
-        self.scopes.retire_unused();
+        if slots {
+            self.scopes.retire_unused();
+        }
         // Overflow buckets are not counted in `len`.
         self.overflow
             .lock()

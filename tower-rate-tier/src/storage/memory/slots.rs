@@ -15,6 +15,9 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use dashmap::mapref::entry::Entry;
+use dashmap::mapref::one::RefMut;
+
 use super::Inner;
 use super::scope::Scope;
 use crate::clock::Clock;
@@ -22,8 +25,10 @@ use crate::quota::Quota;
 use crate::storage::{BandStates, Decision, Lease, LeaseSet, Op, SlotState, Slots, StorageError};
 
 impl Inner {
-    /// Takes a slot of `key`, then charges `cost` in its bands (none for an
-    /// unlimited tier); a band that denies gives the slot back at once.
+    /// Takes a slot of `user` and charges `cost` in its bands (none for an
+    /// unlimited tier), as one decision: the user's slot set stays locked
+    /// while the bands decide, so a slot is taken only when every band
+    /// admits, and a refusal by either takes and charges nothing.
     pub(super) fn acquire(
         self: &Arc<Self>,
         scope: &Scope,
@@ -34,33 +39,38 @@ impl Inner {
         clock: &Arc<dyn Clock>,
     ) -> Result<Decision, StorageError> {
         let id = self.next_lease.fetch_add(1, Ordering::Relaxed);
-        let now = clock.now();
-        let state = match scope.slots.get_mut(user) {
-            Some(mut set) => set.acquire(id, now, &slots),
-            None => self.new_set(scope, user, id, now, &slots),
+        let mut set = match scope.slots.get_mut(user) {
+            Some(set) => set,
+            None => self.new_set(scope, user),
         };
-        if state.refused {
+        let now = clock.now();
+        set.expire(now);
+        let in_use = set.in_use();
+        if in_use >= slots.limit {
             // nothing charged
+            let state = SlotState {
+                limit: slots.limit,
+                in_use,
+                lease: None,
+                refused: true,
+            };
             return Ok(Decision::new(false, now, BandStates::new()).with_slots(state));
         }
         if bands.is_empty() || bands.iter().any(Quota::is_unlimited) {
-            return Ok(Decision::new(true, now, BandStates::new()).with_slots(state));
+            return Ok(Decision::new(true, now, BandStates::new()).with_slots(set.acquire(id, now, &slots)));
         }
-        let decision = match self.decide(scope, user, bands, Op::Charge(cost), clock) {
-            Ok(decision) => decision,
-            Err(error) => {
-                self.release_slot(scope, user, Lease(id));
-                return Err(error);
+        // The rate state's lock is taken inside this one, never the other
+        // way round (an inline sweep at the key cap leaves slot sets alone).
+        let decision = self.decide(scope, user, bands, Op::Charge(cost), clock)?;
+        let state = if decision.allowed {
+            set.acquire(id, now, &slots)
+        } else {
+            SlotState {
+                limit: slots.limit,
+                in_use,
+                lease: None,
+                refused: false,
             }
-        };
-        if decision.allowed {
-            return Ok(decision.with_slots(state));
-        }
-        let in_use = self.release_slot(scope, user, Lease(id));
-        let state = SlotState {
-            in_use,
-            lease: None,
-            ..state
         };
         Ok(decision.with_slots(state))
     }
@@ -83,22 +93,15 @@ impl Inner {
         Decision::new(true, clock.now(), BandStates::new()).with_slots(state)
     }
 
-    /// The first slot of a user without a set.
+    /// The set of a user without one, made (and locked).
     #[cold]
     #[inline(never)]
-    fn new_set(
-        &self,
-        scope: &Scope,
-        user: &str,
-        id: u64,
-        now: crate::clock::Nanos,
-        slots: &Slots,
-    ) -> SlotState {
+    fn new_set<'a>(&self, scope: &'a Scope, user: &str) -> RefMut<'a, Box<str>, LeaseSet> {
         match scope.slots.entry(Box::from(user)) {
-            dashmap::mapref::entry::Entry::Occupied(mut e) => e.get_mut().acquire(id, now, slots),
-            dashmap::mapref::entry::Entry::Vacant(e) => {
+            Entry::Occupied(e) => e.into_ref(),
+            Entry::Vacant(e) => {
                 self.slot_sets.fetch_add(1, Ordering::Relaxed);
-                e.insert(LeaseSet::default()).acquire(id, now, slots)
+                e.insert(LeaseSet::default())
             }
         }
     }
