@@ -310,7 +310,10 @@ async fn a_rate_refusal_never_holds_a_slot_even_for_a_moment() {
     for task in tasks {
         by_slots += task.await.unwrap();
     }
-    assert_eq!(by_slots, 0, "{by_slots} of 3,200 refusals were by a slot a rate refusal held");
+    assert_eq!(
+        by_slots, 0,
+        "{by_slots} of 3,200 refusals were by a slot a rate refusal held"
+    );
 }
 
 #[tokio::test]

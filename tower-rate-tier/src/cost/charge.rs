@@ -14,7 +14,7 @@ use crate::body::Refusal;
 use crate::headers::RateLimitHeaders;
 use crate::refusal::{Refusals, missing_limiter};
 use crate::response::{apply_info_fields, apply_limited_fields};
-use crate::tier::{CheckError, RateLimitInfo, RateLimited, RateTier, TierEntry, conclude};
+use crate::tier::{Begun, CheckError, RateLimitInfo, RateLimited, RateTier, TierEntry, check_result};
 
 /// What a limiter's charges need of it: its tiers, how it refuses, and the
 /// route costs it learned.
@@ -300,8 +300,8 @@ impl Charge {
 
     async fn charge(&self, cost: u32) -> crate::tier::CheckResult {
         match self.ledger.tiers.begin(&self.user, &self.tier, cost, false) {
-            Ok(decide) => conclude(&self.tier, decide.await),
-            Err(answered) => answered,
+            Begun::Asked(decide) => check_result(&self.tier, decide.await),
+            Begun::Answered(answered) => answered,
         }
     }
 

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use http::request::Parts;
 use http::{Extensions, HeaderMap, Method, Request, StatusCode};
 
-use super::layer::{Identify, Shared};
+use super::config::{Identify, LayerConfig};
 use crate::cost::{Charge, ChargeState, Charges, Outcome, RouteKey, Source, TierCost};
 use crate::event::RateLimitEvent;
 use crate::identity::{ANONYMOUS_PREFIX, OwnQuotas, TierIdentity};
@@ -16,7 +16,7 @@ use crate::problem::problem;
 use crate::refusal::Refusals;
 use crate::slot::SlotGuard;
 use crate::storage::{Decide, DecisionSource, StorageError, StorageErrorKind};
-use crate::tier::{CheckError, CheckResult, MAX_USER_ID_LEN, TierEntry, conclude};
+use crate::tier::{Begun, CheckError, CheckResult, MAX_USER_ID_LEN, TierEntry, check_result};
 
 /// The key `ClientAddrs::anonymous_key` gives an unidentified client
 /// without a peer address (`limit/tests.rs` checks the two agree).
@@ -45,11 +45,20 @@ fn own_quotas(tier: Arc<TierEntry>, own: &OwnQuotas, refusals: &Refusals) -> Arc
     }
 }
 
-/// Puts a charge where route-level declarations find it: the request
-/// extensions, after those of limiters that ran before.
-fn attach(head: &mut impl Head, charge: &Arc<Charge>) {
+/// The request's charge, put where route-level declarations find it: the
+/// request extensions, after those of limiters that ran before.
+fn attach(
+    config: &Arc<LayerConfig>,
+    head: &mut impl Head,
+    user: String,
+    tier: Arc<TierEntry>,
+    route: Option<(Method, RouteKey)>,
+    state: ChargeState,
+) -> Arc<Charge> {
+    let charge = Arc::new(Charge::new(config.ledger.clone(), user, tier, route, state));
     let charges = head.extensions_mut().get_or_insert_default::<Charges>();
     charges.0.push(charge.clone());
+    charge
 }
 
 /// The parts of a request head the limiter reads and writes: [`Parts`], or a
@@ -122,325 +131,357 @@ enum Priced {
     Provisional,
 }
 
-impl Shared {
-    /// The identity, when the identifier answers without waiting (`None`
-    /// for an identifier that waits). A function of the whole head needs
-    /// `head` to be [`Parts`].
-    pub(crate) fn identify_now(&self, head: &impl Head) -> Option<Option<TierIdentity>> {
-        match &self.identify {
-            Identify::Nobody => Some(None),
-            Identify::Headers(f) => Some(f(head.headers())),
-            Identify::Parts(f) => head.parts().map(|parts| f(parts)),
-            Identify::Async(_) => None,
-        }
+/// The identity, when the identifier answers without waiting (`None`
+/// for an identifier that waits). A function of the whole head needs
+/// `head` to be [`Parts`].
+pub(crate) fn identify_now(config: &LayerConfig, head: &impl Head) -> Option<Option<TierIdentity>> {
+    match &config.identify {
+        Identify::Nobody => Some(None),
+        Identify::Headers(f) => Some(f(head.headers())),
+        Identify::Parts(f) => head.parts().map(|parts| f(parts)),
+        Identify::Async(_) => None,
     }
+}
 
-    /// Whether the limiter reads more of a request than its headers and
-    /// extensions (the request is then split into [`Parts`]).
-    pub(crate) fn reads_parts(&self) -> bool {
-        matches!(self.identify, Identify::Parts(_)) || self.cost_fn.is_some()
+/// Whether the limiter reads more of a request than its headers and
+/// extensions (the request is then split into [`Parts`]).
+pub(crate) fn reads_parts(config: &LayerConfig) -> bool {
+    matches!(config.identify, Identify::Parts(_)) || config.cost_fn.is_some()
+}
+
+/// The identity, waiting for the identifier if it must.
+pub(crate) async fn identify(config: &LayerConfig, parts: &Parts) -> Option<TierIdentity> {
+    match &config.identify {
+        Identify::Async(identifier) => identifier.identify_parts(parts).await,
+        _ => identify_now(config, parts).flatten(),
     }
+}
 
-    /// The identity, waiting for the identifier if it must.
-    pub(crate) async fn identify(&self, parts: &Parts) -> Option<TierIdentity> {
-        match &self.identify {
-            Identify::Async(identifier) => identifier.identify_parts(parts).await,
-            _ => self.identify_now(parts).flatten(),
-        }
+/// The storage's answer to a bill.
+pub(crate) enum Decided {
+    /// Known now.
+    Now(CheckResult),
+    /// To be awaited (Redis).
+    Pending(Decide),
+}
+
+/// Asks the storage to decide the bill.
+pub(crate) fn decide(config: &LayerConfig, bill: &Bill) -> Decided {
+    match config.ledger.tiers.begin(&bill.user, &bill.tier, bill.cost, true) {
+        Begun::Answered(answered) => Decided::Now(answered),
+        Begun::Asked(decide) => match decide.into_ready() {
+            Ok(decision) => Decided::Now(check_result(&bill.tier, decision)),
+            Err(pending) => Decided::Pending(pending),
+        },
     }
+}
 
-    /// Asks the storage to decide the bill: the outcome, or the storage's
-    /// answer to wait for.
-    pub(crate) fn decide(&self, bill: &Bill) -> Result<CheckResult, Decide> {
-        match self.ledger.tiers.begin(&bill.user, &bill.tier, bill.cost, true) {
-            Err(answered) => Ok(answered),
-            Ok(decide) => decide.into_ready().map(|decision| conclude(&bill.tier, decision)),
+/// Who pays how much, or the answer when the request is not charged.
+pub(crate) fn bill(
+    config: &Arc<LayerConfig>,
+    head: &mut impl Head,
+    identity: Option<TierIdentity>,
+) -> Result<Bill, Admission> {
+    // Ids starting with the anonymous prefix are refused, so that no
+    // identifier can hand a client another address's bucket.
+    let identity = identity.filter(|i| {
+        !i.user_id.is_empty()
+            && i.user_id.len() <= MAX_USER_ID_LEN
+            && !i.user_id.starts_with(ANONYMOUS_PREFIX)
+    });
+    let (user, tier) = match identity {
+        Some(identity) => {
+            let tier = match config
+                .ledger
+                .tiers
+                .resolve_hinted(&identity.tier, identity.tier_hint())
+            {
+                Some(tier) => tier,
+                None => unknown_tier(config, head, &identity)?,
+            };
+            let tier = match identity.own_quotas() {
+                Some(own) => own_quotas(tier, own, &config.ledger.refusals),
+                None => tier,
+            };
+            (identity.user_id, tier)
         }
-    }
+        None => unidentified(config, head)?,
+    };
+    let (cost, source, priced) = edge_cost(config, head);
+    Ok(Bill {
+        user,
+        tier,
+        cost,
+        source,
+        priced,
+    })
+}
 
-    /// Who pays how much, or the answer when the request is not charged.
-    pub(crate) fn bill(
-        self: &Arc<Self>,
-        head: &mut impl Head,
-        identity: Option<TierIdentity>,
-    ) -> Result<Bill, Admission> {
-        // Ids starting with the anonymous prefix are refused, so that no
-        // identifier can hand a client another address's bucket.
-        let identity = identity.filter(|i| {
-            !i.user_id.is_empty()
-                && i.user_id.len() <= MAX_USER_ID_LEN
-                && !i.user_id.starts_with(ANONYMOUS_PREFIX)
-        });
-        let (user, tier) = match identity {
-            Some(identity) => {
-                let tier = match self
-                    .ledger
-                    .tiers
-                    .resolve_hinted(&identity.tier, identity.tier_hint())
-                {
-                    Some(tier) => tier,
-                    None => self.unknown_tier(head, &identity)?,
-                };
-                let tier = match identity.own_quotas() {
-                    Some(own) => own_quotas(tier, own, &self.ledger.refusals),
-                    None => tier,
-                };
-                (identity.user_id, tier)
-            }
-            None => self.unidentified(head)?,
-        };
-        let (cost, source, priced) = self.edge_cost(head);
-        Ok(Bill {
-            user,
-            tier,
-            cost,
-            source,
-            priced,
-        })
-    }
-
-    /// The admission of a charged request, from the storage's answer.
-    pub(crate) fn conclude(
-        self: &Arc<Self>,
-        head: &mut impl Head,
-        bill: Bill,
-        result: CheckResult,
-    ) -> Admission {
-        let Bill {
-            user,
-            tier,
-            cost,
-            source,
-            priced,
-        } = bill;
-        let learned = priced != Priced::Fresh;
-        let result = match result {
-            Ok(Ok(info)) if tier.concurrency.is_some() && info.slots().and_then(|s| s.lease).is_none() => {
-                Err(CheckError::Storage(StorageError::new(
-                    StorageErrorKind::Other,
-                    "the storage admitted a request of a tier with a concurrency limit without taking a slot: \
-                     it does not count requests in flight (`Op::Acquire`)",
-                )))
-            }
-            other => other,
-        };
-        #[cfg(feature = "metrics")]
-        if let Some(counters) = &self.metrics {
-            let shadowed = self.ledger.shadowed(&tier);
-            counters.check(
-                &tier.name,
-                &result,
-                self.ledger.refusals.on_storage_error,
-                shadowed,
-            );
+/// The admission of a charged request, from the storage's answer.
+pub(crate) fn admission(
+    config: &Arc<LayerConfig>,
+    head: &mut impl Head,
+    bill: Bill,
+    result: CheckResult,
+) -> Admission {
+    let Bill {
+        user,
+        tier,
+        cost,
+        source,
+        priced,
+    } = bill;
+    let learned = priced != Priced::Fresh;
+    let result = match result {
+        Ok(Ok(info)) if tier.concurrency.is_some() && info.slots().and_then(|s| s.lease).is_none() => {
+            Err(CheckError::Storage(StorageError::new(
+                StorageErrorKind::Other,
+                "the storage admitted a request of a tier with a concurrency limit without taking a slot: \
+                 it does not count requests in flight (`Op::Acquire`)",
+            )))
         }
-        if let Ok(decided) = &result {
-            let source = decided.as_ref().map_or_else(|l| l.source(), |i| i.source());
-            if source == DecisionSource::Overflow {
-                self.ledger.refusals.overflow(&user, &tier.name);
-            }
-            if !tier.unlimited {
-                self.ledger.refusals.decided_by(source);
-            }
-        }
-        match result {
-            Ok(Ok(info)) => {
-                // A route whose cost is learned needs no more learning: a
-                // declaration that still runs there is settled, not learned
-                // (so a declaration behind a condition never re-prices the
-                // requests that skip it).
-                let route = if priced == Priced::Learned {
-                    None
-                } else {
-                    self.route_key(head)
-                };
-                let lease = info.slots().and_then(|s| s.lease);
-                // an unlimited tier with a concurrency limit reports its slots
-                let (outcome, source) = if info.is_unlimited() && lease.is_none() {
-                    (Outcome::Bypass, Source::Edge)
-                } else {
-                    (Outcome::Admitted(info), source)
-                };
-                let state = ChargeState::new(cost, source, outcome, learned);
-                let charge = Arc::new(Charge::new(self.ledger.clone(), user, tier, route, state));
-                attach(head, &charge);
-                let slot = lease.map(|lease| self.slot(&charge, lease));
-                Admission::Pass(Some(charge), slot)
-            }
-            Ok(Err(limited)) if self.ledger.shadowed(&tier) => {
-                // Shadow mode: reported, let through, nothing consumed.
-                self.ledger.refusals.shadow_limited(&user, cost, &limited);
-                let state = ChargeState::new(0, Source::Edge, Outcome::Shadowed(limited), learned);
-                let charge = Arc::new(Charge::new(self.ledger.clone(), user, tier, None, state));
-                attach(head, &charge);
-                Admission::Pass(Some(charge), None)
-            }
-            Ok(Err(limited)) => Admission::Refuse(self.ledger.refusals.limited(&user, cost, &limited)),
-            Err(error @ CheckError::CostExceedsLimit { .. }) if self.ledger.shadowed(&tier) => {
-                let _ = self.ledger.refusals.check_failed(&user, &tier.name, cost, &error);
-                self.bypass(head, user, tier)
-            }
-            Err(CheckError::Storage(error)) => {
-                match self.ledger.refusals.storage_failed(&user, &tier.name, &error) {
-                    None => self.bypass(head, user, tier),
-                    Some(refusal) => Admission::Refuse(refusal),
-                }
-            }
-            Err(error) => {
-                Admission::Refuse(self.ledger.refusals.check_failed(&user, &tier.name, cost, &error))
-            }
-        }
-    }
-
-    /// Lets a request through uncounted, still marking it as seen by a
-    /// limiter (so route-level costs do not fail closed).
-    fn bypass(self: &Arc<Self>, head: &mut impl Head, user: String, tier: Arc<TierEntry>) -> Admission {
-        let charge = Arc::new(Charge::new(
-            self.ledger.clone(),
-            user,
-            tier,
-            None,
-            ChargeState::bypass(),
-        ));
-        attach(head, &charge);
-        Admission::Pass(Some(charge), None)
-    }
-
-    /// The guard of the slot `lease` an admitted request took, counted in
-    /// its tier's gauge of slots in use.
-    fn slot(&self, charge: &Arc<Charge>, lease: crate::storage::Lease) -> SlotGuard {
-        let guard = SlotGuard::new(charge.clone(), lease);
-        #[cfg(feature = "metrics")]
-        let guard = guard.counted(self.metrics.as_ref().map(|m| m.slots_in_use(charge.tier_name())));
-        guard
-    }
-
-    /// The cost known before the route runs, who set it, and whether it
-    /// was learned from earlier requests to the route.
-    fn edge_cost(&self, head: &impl Head) -> (u32, Source, Priced) {
-        // `call` reads the head in place only without a cost function.
-        debug_assert!(self.cost_fn.is_none() || head.parts().is_some());
-        let extensions = head.extensions();
-        if let Some(TierCost(cost)) = extensions.get::<TierCost>() {
-            return (*cost, Source::Edge, Priced::Fresh);
-        }
-        if let Some(cost) = self.cost_fn.as_ref().and_then(|f| f(head.parts()?)) {
-            return (cost, Source::Edge, Priced::Fresh);
-        }
-        #[cfg(feature = "axum")]
-        if let Some(path) = extensions.get::<axum::extract::MatchedPath>() {
-            if let Some((cost, source, provisional)) = self.ledger.learned.get(head.method(), path) {
-                let priced = if provisional {
-                    Priced::Provisional
-                } else {
-                    Priced::Learned
-                };
-                return (cost, source, priced);
-            }
-        }
-        (1, Source::Default, Priced::Fresh)
-    }
-
-    #[cfg(feature = "axum")]
-    fn route_key(&self, head: &impl Head) -> Option<(http::Method, RouteKey)> {
-        let path = head.extensions().get::<axum::extract::MatchedPath>()?;
-        Some((head.method().clone(), path.clone()))
-    }
-
-    #[cfg(not(feature = "axum"))]
-    fn route_key(&self, _head: &impl Head) -> Option<(http::Method, RouteKey)> {
-        None
-    }
-
-    fn unknown_tier(
-        self: &Arc<Self>,
-        head: &mut impl Head,
-        identity: &TierIdentity,
-    ) -> Result<Arc<TierEntry>, Admission> {
-        self.ledger
-            .refusals
-            .unknown_tier(&identity.user_id, &identity.tier, &self.on_unknown_tier);
-        #[cfg(feature = "metrics")]
-        if let Some(counters) = &self.metrics {
-            counters.unknown_tier(self.on_unknown_tier, self.ledger.tiers.default_entry().is_some());
-        }
-        match self.on_unknown_tier {
-            OnUnknownTier::UseDefault => self.ledger.tiers.default_entry().ok_or_else(|| {
-                Admission::Refuse(problem(
-                    StatusCode::FORBIDDEN,
-                    "the client's tier is not configured and there is no default tier",
-                    serde_json::Value::Null,
-                ))
-            }),
-            OnUnknownTier::Deny(status) => Err(Admission::Refuse(problem(
-                status,
-                "the client's tier is not configured",
-                serde_json::Value::Null,
-            ))),
-            OnUnknownTier::Allow => Err(Admission::Pass(self.pass_uncounted(head), None)),
-        }
-    }
-
-    fn unidentified(self: &Arc<Self>, head: &mut impl Head) -> Result<(String, Arc<TierEntry>), Admission> {
-        let tiers = &self.ledger.tiers;
-        tracing::debug!(target: "tower_rate_tier", policy = ?tiers.on_missing(), "client not identified");
-        self.ledger.refusals.event(&RateLimitEvent::Unidentified);
-        #[cfg(feature = "metrics")]
-        if let Some(counters) = &self.metrics {
-            counters.unidentified(tiers.on_missing(), tiers.default_entry().is_some());
-        }
-        match tiers.on_missing() {
-            OnMissing::UseDefault => match tiers.default_entry() {
-                Some(tier) => {
-                    let user = self.client_addrs.anonymous_key(head.headers(), head.extensions());
-                    if user == NO_ADDRESS_KEY {
-                        self.warn_no_address();
-                    }
-                    Ok((user, tier))
-                }
-                None => Err(Admission::Refuse(problem(
-                    StatusCode::FORBIDDEN,
-                    "the client is not identified and there is no default tier",
-                    serde_json::Value::Null,
-                ))),
-            },
-            OnMissing::Allow => Err(Admission::Pass(self.pass_uncounted(head), None)),
-            OnMissing::Deny(status) => Err(Admission::Refuse(problem(
-                status,
-                "the client is not identified",
-                serde_json::Value::Null,
-            ))),
-        }
-    }
-
-    /// Logs, once per layer, that an anonymous client had no address: all
-    /// such clients share one bucket, which one of them can spend for all.
-    fn warn_no_address(&self) {
-        let warned = &self.warned_no_address;
-        if !warned.load(Ordering::Relaxed) && !warned.swap(true, Ordering::Relaxed) {
-            tracing::warn!(
-                target: "tower_rate_tier",
-                "an unidentified client has no peer address, so every such client shares one bucket of the \
-                 default tier; serve axum with `into_make_service_with_connect_info::<SocketAddr>()`, or \
-                 insert a `PeerAddr` extension per connection (logged once per layer)"
-            );
-        }
-    }
-
-    /// A request let through uncounted by policy: marked as seen by the
-    /// limiter, so that route-level costs do not fail closed.
-    fn pass_uncounted(self: &Arc<Self>, head: &mut impl Head) -> Option<Arc<Charge>> {
-        let tiers = &self.ledger.tiers;
-        let tier = tiers.default_entry().or_else(|| tiers.first_entry())?;
-        let charge = Charge::new(
-            self.ledger.clone(),
-            String::new(),
-            tier,
-            None,
-            ChargeState::bypass(),
+        other => other,
+    };
+    #[cfg(feature = "metrics")]
+    if let Some(counters) = &config.metrics {
+        let shadowed = config.ledger.shadowed(&tier);
+        counters.check(
+            &tier.name,
+            &result,
+            config.ledger.refusals.on_storage_error,
+            shadowed,
         );
-        let charge = Arc::new(charge);
-        attach(head, &charge);
-        Some(charge)
     }
+    if let Ok(decided) = &result {
+        let source = decided.as_ref().map_or_else(|l| l.source(), |i| i.source());
+        if source == DecisionSource::Overflow {
+            config.ledger.refusals.overflow(&user, &tier.name);
+        }
+        if !tier.unlimited {
+            config.ledger.refusals.decided_by(source);
+        }
+    }
+    match result {
+        Ok(Ok(info)) => {
+            // A route whose cost is learned needs no more learning: a
+            // declaration that still runs there is settled, not learned
+            // (so a declaration behind a condition never re-prices the
+            // requests that skip it).
+            let route = if priced == Priced::Learned {
+                None
+            } else {
+                route_key(head)
+            };
+            let lease = info.slots().and_then(|s| s.lease);
+            // an unlimited tier with a concurrency limit reports its slots
+            let (outcome, source) = if info.is_unlimited() && lease.is_none() {
+                (Outcome::Bypass, Source::Edge)
+            } else {
+                (Outcome::Admitted(info), source)
+            };
+            let state = ChargeState::new(cost, source, outcome, learned);
+            let charge = attach(config, head, user, tier, route, state);
+            let slot = lease.map(|lease| slot(config, &charge, lease));
+            Admission::Pass(Some(charge), slot)
+        }
+        Ok(Err(limited)) if config.ledger.shadowed(&tier) => {
+            // Shadow mode: reported, let through, nothing consumed.
+            config.ledger.refusals.shadow_limited(&user, cost, &limited);
+            let state = ChargeState::new(0, Source::Edge, Outcome::Shadowed(limited), learned);
+            let charge = attach(config, head, user, tier, None, state);
+            Admission::Pass(Some(charge), None)
+        }
+        Ok(Err(limited)) => Admission::Refuse(config.ledger.refusals.limited(&user, cost, &limited)),
+        Err(error @ CheckError::CostExceedsLimit { .. }) if config.ledger.shadowed(&tier) => {
+            let _ = config
+                .ledger
+                .refusals
+                .check_failed(&user, &tier.name, cost, &error);
+            bypass(config, head, user, tier)
+        }
+        Err(CheckError::Storage(error)) => {
+            match config.ledger.refusals.storage_failed(&user, &tier.name, &error) {
+                None => bypass(config, head, user, tier),
+                Some(refusal) => Admission::Refuse(refusal),
+            }
+        }
+        Err(error) => Admission::Refuse(
+            config
+                .ledger
+                .refusals
+                .check_failed(&user, &tier.name, cost, &error),
+        ),
+    }
+}
+
+/// Lets a request through uncounted, still marking it as seen by a
+/// limiter (so route-level costs do not fail closed).
+fn bypass(config: &Arc<LayerConfig>, head: &mut impl Head, user: String, tier: Arc<TierEntry>) -> Admission {
+    let charge = attach(config, head, user, tier, None, ChargeState::bypass());
+    Admission::Pass(Some(charge), None)
+}
+
+/// The guard of the slot `lease` an admitted request took, counted in
+/// its tier's gauge of slots in use.
+fn slot(config: &LayerConfig, charge: &Arc<Charge>, lease: crate::storage::Lease) -> SlotGuard {
+    let guard = SlotGuard::new(charge.clone(), lease);
+    #[cfg(not(feature = "metrics"))]
+    let _ = config;
+    #[cfg(feature = "metrics")]
+    let guard = guard.counted(
+        config
+            .metrics
+            .as_ref()
+            .map(|m| m.slots_in_use(charge.tier_name())),
+    );
+    guard
+}
+
+/// The cost known before the route runs, who set it, and whether it
+/// was learned from earlier requests to the route.
+fn edge_cost(config: &LayerConfig, head: &impl Head) -> (u32, Source, Priced) {
+    // `call` reads the head in place only without a cost function.
+    debug_assert!(config.cost_fn.is_none() || head.parts().is_some());
+    let extensions = head.extensions();
+    if let Some(TierCost(cost)) = extensions.get::<TierCost>() {
+        return (*cost, Source::Edge, Priced::Fresh);
+    }
+    if let Some(cost) = config.cost_fn.as_ref().and_then(|f| f(head.parts()?)) {
+        return (cost, Source::Edge, Priced::Fresh);
+    }
+    #[cfg(feature = "axum")]
+    if let Some(path) = extensions.get::<axum::extract::MatchedPath>() {
+        if let Some((cost, source, provisional)) = config.ledger.learned.get(head.method(), path) {
+            let priced = if provisional {
+                Priced::Provisional
+            } else {
+                Priced::Learned
+            };
+            return (cost, source, priced);
+        }
+    }
+    (1, Source::Default, Priced::Fresh)
+}
+
+#[cfg(feature = "axum")]
+fn route_key(head: &impl Head) -> Option<(http::Method, RouteKey)> {
+    let path = head.extensions().get::<axum::extract::MatchedPath>()?;
+    Some((head.method().clone(), path.clone()))
+}
+
+#[cfg(not(feature = "axum"))]
+fn route_key(_head: &impl Head) -> Option<(http::Method, RouteKey)> {
+    None
+}
+
+fn unknown_tier(
+    config: &Arc<LayerConfig>,
+    head: &mut impl Head,
+    identity: &TierIdentity,
+) -> Result<Arc<TierEntry>, Admission> {
+    config
+        .ledger
+        .refusals
+        .unknown_tier(&identity.user_id, &identity.tier, &config.on_unknown_tier);
+    #[cfg(feature = "metrics")]
+    if let Some(counters) = &config.metrics {
+        counters.unknown_tier(
+            config.on_unknown_tier,
+            config.ledger.tiers.default_entry().is_some(),
+        );
+    }
+    match config.on_unknown_tier {
+        OnUnknownTier::UseDefault => config.ledger.tiers.default_entry().ok_or_else(|| {
+            Admission::Refuse(problem(
+                StatusCode::FORBIDDEN,
+                "the client's tier is not configured and there is no default tier",
+                serde_json::Value::Null,
+            ))
+        }),
+        OnUnknownTier::Deny(status) => Err(Admission::Refuse(problem(
+            status,
+            "the client's tier is not configured",
+            serde_json::Value::Null,
+        ))),
+        OnUnknownTier::Allow => Err(Admission::Pass(pass_uncounted(config, head), None)),
+    }
+}
+
+fn unidentified(
+    config: &Arc<LayerConfig>,
+    head: &mut impl Head,
+) -> Result<(String, Arc<TierEntry>), Admission> {
+    let tiers = &config.ledger.tiers;
+    tracing::debug!(target: "tower_rate_tier", policy = ?tiers.on_missing(), "client not identified");
+    config.ledger.refusals.event(&RateLimitEvent::Unidentified);
+    #[cfg(feature = "metrics")]
+    if let Some(counters) = &config.metrics {
+        counters.unidentified(tiers.on_missing(), tiers.default_entry().is_some());
+    }
+    match tiers.on_missing() {
+        OnMissing::UseDefault => match tiers.default_entry() {
+            Some(tier) => {
+                let user = config
+                    .client_addrs
+                    .anonymous_key(head.headers(), head.extensions());
+                if user == NO_ADDRESS_KEY {
+                    warn_no_address(config);
+                }
+                Ok((user, tier))
+            }
+            None => Err(Admission::Refuse(problem(
+                StatusCode::FORBIDDEN,
+                "the client is not identified and there is no default tier",
+                serde_json::Value::Null,
+            ))),
+        },
+        OnMissing::Allow => Err(Admission::Pass(pass_uncounted(config, head), None)),
+        OnMissing::Deny(status) => Err(Admission::Refuse(problem(
+            status,
+            "the client is not identified",
+            serde_json::Value::Null,
+        ))),
+    }
+}
+
+/// Logs, once per layer, that an anonymous client had no address: all
+/// such clients share one bucket, which one of them can spend for all.
+fn warn_no_address(config: &LayerConfig) {
+    let warned = &config.warned_no_address;
+    if !warned.load(Ordering::Relaxed) && !warned.swap(true, Ordering::Relaxed) {
+        tracing::warn!(
+            target: "tower_rate_tier",
+            "an unidentified client has no peer address, so every such client shares one bucket of the \
+             default tier; serve axum with `into_make_service_with_connect_info::<SocketAddr>()`, or \
+             insert a `PeerAddr` extension per connection (logged once per layer)"
+        );
+    }
+}
+
+/// A request let through uncounted by policy: marked as seen by the
+/// limiter, so that route-level costs do not fail closed.
+fn pass_uncounted(config: &Arc<LayerConfig>, head: &mut impl Head) -> Option<Arc<Charge>> {
+    let tiers = &config.ledger.tiers;
+    let tier = tiers.default_entry().or_else(|| tiers.first_entry())?;
+    Some(attach(
+        config,
+        head,
+        String::new(),
+        tier,
+        None,
+        ChargeState::bypass(),
+    ))
+}
+
+/// A refusal in the request's protocol: gRPC's for gRPC requests (feature
+/// `grpc`), else the HTTP one.
+pub(crate) fn answer(
+    config: &LayerConfig,
+    request: &http::HeaderMap,
+    refusal: http::Response<bytes::Bytes>,
+) -> http::Response<bytes::Bytes> {
+    #[cfg(feature = "grpc")]
+    let refusal = crate::grpc::refusal(request, refusal, config.grpc_retry_pushback);
+    let _ = (config, request);
+    refusal
 }

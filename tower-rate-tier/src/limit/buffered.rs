@@ -76,27 +76,13 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use tower_layer::Layer;
 use tower_service::Service;
 
+use super::admit;
+use super::config::{Identify, LayerConfig};
 use super::future::ResponseFuture;
-use super::layer::{Identify, Shared, TierLimitLayer};
+use super::layer::TierLimitLayer;
 use super::service::{Start, TierLimitService, serve};
 use crate::body::ResponseBody;
 use crate::problem::problem;
-
-/// Body buffering limits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct BodyLimits {
-    pub(crate) max: usize,
-    pub(crate) timeout: Duration,
-}
-
-impl Default for BodyLimits {
-    fn default() -> Self {
-        BodyLimits {
-            max: 64 * 1024,
-            timeout: Duration::from_secs(10),
-        }
-    }
-}
 
 impl TierLimitLayer {
     /// Buffers request bodies so the identifier can read them (see
@@ -116,14 +102,14 @@ pub struct BufferedTierLimitLayer {
 impl BufferedTierLimitLayer {
     /// The largest body buffered (default 64 KiB); larger bodies get 413.
     pub fn max_body_size(mut self, bytes: usize) -> Self {
-        self.layer.config().body.max = bytes;
+        self.layer.configure().body.max = bytes;
         self
     }
 
     /// How long reading the body may take (default 10 s); slower bodies get
     /// 408.
     pub fn body_timeout(mut self, timeout: Duration) -> Self {
-        self.layer.config().body.timeout = timeout;
+        self.layer.configure().body.timeout = timeout;
         self
     }
 }
@@ -159,12 +145,17 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A refusal of the body (413, 408, 400), counted, in the request's
 /// protocol (gRPC's for a gRPC request).
-fn refuse(shared: &Shared, request: &http::HeaderMap, status: StatusCode, detail: &str) -> Response<Bytes> {
+fn refuse(
+    config: &LayerConfig,
+    request: &http::HeaderMap,
+    status: StatusCode,
+    detail: &str,
+) -> Response<Bytes> {
     #[cfg(feature = "metrics")]
-    if let Some(counters) = &shared.metrics {
+    if let Some(counters) = &config.metrics {
         counters.count(None, crate::metrics::Outcome::BodyRejected);
     }
-    shared.answer(request, problem(status, detail, serde_json::Value::Null))
+    admit::answer(config, request, problem(status, detail, serde_json::Value::Null))
 }
 
 const TOO_LARGE: &str = "the request body is larger than the limit";
@@ -198,17 +189,17 @@ where
         let headers_first = crate::grpc::is_grpc(req.headers());
         #[cfg(not(feature = "grpc"))]
         let headers_first = false;
-        if headers_first && !matches!(self.inner.shared.identify, Identify::Async(_)) {
+        if headers_first && !matches!(self.inner.config.identify, Identify::Async(_)) {
             return self.inner.call(req);
         }
-        let limits = self.inner.shared.body;
+        let limits = self.inner.config.body;
         // A body that says it is too large is refused without reading it
         // (a gRPC request only once its headers did not identify it).
         let declares_too_large = req.body().size_hint().lower() > limits.max as u64
             || declared_length(&req) > Some(limits.max as u64);
         if declares_too_large && !headers_first {
             let refusal = refuse(
-                &self.inner.shared,
+                &self.inner.config,
                 req.headers(),
                 StatusCode::PAYLOAD_TOO_LARGE,
                 TOO_LARGE,
@@ -216,7 +207,7 @@ where
             return ResponseFuture::refuse(refusal);
         }
         let (parts, body) = req.into_parts();
-        let shared = self.inner.shared.clone();
+        let config = self.inner.config.clone();
         // The inner service is called later: take the one that was polled
         // ready and leave a clone.
         let clone = self.inner.inner.clone();
@@ -225,12 +216,12 @@ where
         // serve path, with the identity the body gave.
         ResponseFuture::boxed(Box::pin(async move {
             if headers_first {
-                let identity = shared.identify(&parts).await;
+                let identity = admit::identify(&config, &parts).await;
                 if identity.is_some() {
-                    return serve(shared, inner, Start::Identified(identity), parts, body).await;
+                    return serve(config, inner, Start::Identified(identity), parts, body).await;
                 }
                 if declares_too_large {
-                    let refusal = refuse(&shared, &parts.headers, StatusCode::PAYLOAD_TOO_LARGE, TOO_LARGE);
+                    let refusal = refuse(&config, &parts.headers, StatusCode::PAYLOAD_TOO_LARGE, TOO_LARGE);
                     return Ok(crate::body::refusal(refusal));
                 }
             }
@@ -245,7 +236,7 @@ where
                         (StatusCode::BAD_REQUEST, "the request body could not be read")
                     };
                     return Ok(crate::body::refusal(refuse(
-                        &shared,
+                        &config,
                         &parts.headers,
                         status,
                         detail,
@@ -253,7 +244,7 @@ where
                 }
                 Err(_) => {
                     let refusal = refuse(
-                        &shared,
+                        &config,
                         &parts.headers,
                         StatusCode::REQUEST_TIMEOUT,
                         "the request body was not received in time",
@@ -261,12 +252,12 @@ where
                     return Ok(crate::body::refusal(refusal));
                 }
             };
-            let identity = match &shared.identify {
+            let identity = match &config.identify {
                 Identify::Async(identifier) => identifier.identify_with_body(&parts.headers, &bytes).await,
-                _ => shared.identify(&parts).await,
+                _ => admit::identify(&config, &parts).await,
             };
             serve(
-                shared,
+                config,
                 inner,
                 Start::Identified(identity),
                 parts,

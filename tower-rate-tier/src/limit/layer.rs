@@ -2,13 +2,15 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 
 use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderMap, Response};
 use tower_layer::Layer;
 
+#[cfg(feature = "buffered-body")]
+use super::config::BodyLimits;
+use super::config::{Identify, LayerConfig};
 use super::service::TierLimitService;
 use crate::cost::Ledger;
 use crate::event::RateLimitEvent;
@@ -17,38 +19,6 @@ use crate::identity::{ClientAddrs, IpNet, ProxyHeader, TierIdentifier, TierIdent
 use crate::policy::{OnStorageError, OnUnknownTier};
 use crate::refusal::Refusals;
 use crate::tier::{RateLimited, RateTier};
-
-pub(crate) type HeadersFn = dyn Fn(&HeaderMap) -> Option<TierIdentity> + Send + Sync;
-pub(crate) type PartsFn = dyn Fn(&Parts) -> Option<TierIdentity> + Send + Sync;
-pub(crate) type CostFn = dyn Fn(&Parts) -> Option<u32> + Send + Sync;
-
-#[derive(Clone)]
-pub(crate) enum Identify {
-    Nobody,
-    Headers(Arc<HeadersFn>),
-    Parts(Arc<PartsFn>),
-    Async(Arc<dyn TierIdentifier>),
-}
-
-/// Everything a [`TierLimitService`] needs; the per-request charges share
-/// its [`Ledger`].
-#[derive(Clone)]
-pub(crate) struct Shared {
-    pub(crate) ledger: Arc<Ledger>,
-    pub(crate) identify: Identify,
-    pub(crate) on_unknown_tier: OnUnknownTier,
-    pub(crate) cost_fn: Option<Arc<CostFn>>,
-    pub(crate) client_addrs: ClientAddrs,
-    /// Set once this layer has warned that it keyed an anonymous client
-    /// without an address (see `Shared::unidentified`).
-    pub(crate) warned_no_address: Arc<AtomicBool>,
-    #[cfg(feature = "buffered-body")]
-    pub(crate) body: super::buffered::BodyLimits,
-    #[cfg(feature = "grpc")]
-    pub(crate) grpc_retry_pushback: bool,
-    #[cfg(feature = "metrics")]
-    pub(crate) metrics: Option<Arc<crate::metrics::RequestCounters>>,
-}
 
 /// A tower [`Layer`] that rate-limits requests by tier.
 ///
@@ -104,7 +74,7 @@ pub(crate) struct Shared {
 /// logs a warning the first time).
 #[derive(Clone)]
 pub struct TierLimitLayer {
-    pub(crate) shared: Arc<Shared>,
+    pub(crate) config: Arc<LayerConfig>,
 }
 
 impl TierLimitLayer {
@@ -112,7 +82,7 @@ impl TierLimitLayer {
     /// unidentified (see [`OnMissing`](crate::OnMissing)).
     pub fn new(tiers: RateTier) -> Self {
         TierLimitLayer {
-            shared: Arc::new(Shared {
+            config: Arc::new(LayerConfig {
                 ledger: Arc::new(Ledger {
                     tiers,
                     refusals: Refusals::default(),
@@ -127,7 +97,7 @@ impl TierLimitLayer {
                 client_addrs: ClientAddrs::default(),
                 warned_no_address: Arc::default(),
                 #[cfg(feature = "buffered-body")]
-                body: super::buffered::BodyLimits::default(),
+                body: BodyLimits::default(),
                 #[cfg(feature = "grpc")]
                 grpc_retry_pushback: false,
                 #[cfg(feature = "metrics")]
@@ -139,15 +109,15 @@ impl TierLimitLayer {
     /// The configuration, for a builder method. A layer configured from a
     /// clone of another is a layer of its own, with its own one-time
     /// warnings.
-    pub(crate) fn config(&mut self) -> &mut Shared {
-        let shared = Arc::make_mut(&mut self.shared);
-        shared.warned_no_address = Arc::default();
-        shared
+    pub(crate) fn configure(&mut self) -> &mut LayerConfig {
+        let config = Arc::make_mut(&mut self.config);
+        config.warned_no_address = Arc::default();
+        config
     }
 
     /// The refusal settings, which the charges share.
     fn refusals(&mut self) -> &mut Refusals {
-        &mut Arc::make_mut(&mut self.config().ledger).refusals
+        &mut Arc::make_mut(&mut self.configure().ledger).refusals
     }
 
     /// Identifies clients with a closure over the request headers. It runs
@@ -156,7 +126,7 @@ impl TierLimitLayer {
     where
         F: Fn(&HeaderMap) -> Option<TierIdentity> + Send + Sync + 'static,
     {
-        self.config().identify = Identify::Headers(Arc::new(f));
+        self.configure().identify = Identify::Headers(Arc::new(f));
         self
     }
 
@@ -166,7 +136,7 @@ impl TierLimitLayer {
     where
         F: Fn(&Parts) -> Option<TierIdentity> + Send + Sync + 'static,
     {
-        self.config().identify = Identify::Parts(Arc::new(f));
+        self.configure().identify = Identify::Parts(Arc::new(f));
         self
     }
 
@@ -176,7 +146,7 @@ impl TierLimitLayer {
     /// [`identify_with_body`](TierIdentifier::identify_with_body) when it
     /// buffers bodies.
     pub fn identifier<I: TierIdentifier>(mut self, identifier: I) -> Self {
-        self.config().identify = Identify::Async(Arc::new(identifier));
+        self.configure().identify = Identify::Async(Arc::new(identifier));
         self
     }
 
@@ -189,7 +159,7 @@ impl TierLimitLayer {
     /// The policy for tiers the configuration does not know (default
     /// [`OnUnknownTier::UseDefault`]).
     pub fn on_unknown_tier(mut self, policy: OnUnknownTier) -> Self {
-        self.config().on_unknown_tier = policy;
+        self.configure().on_unknown_tier = policy;
         self
     }
 
@@ -214,7 +184,7 @@ impl TierLimitLayer {
     where
         F: Fn(&Parts) -> Option<u32> + Send + Sync + 'static,
     {
-        self.config().cost_fn = Some(Arc::new(f));
+        self.configure().cost_fn = Some(Arc::new(f));
         self
     }
 
@@ -222,7 +192,7 @@ impl TierLimitLayer {
     /// [`RateLimitHeaders::ALL`]). A 429 always carries `Retry-After` and
     /// its body; its rate-limit fields follow this choice too.
     pub fn headers(mut self, which: RateLimitHeaders) -> Self {
-        Arc::make_mut(&mut self.config().ledger).headers = which;
+        Arc::make_mut(&mut self.configure().ledger).headers = which;
         self.refusals().headers = which;
         self
     }
@@ -241,7 +211,7 @@ impl TierLimitLayer {
     /// and enforced again at run time with
     /// [`RateTier::set_shadow`](crate::RateTier::set_shadow).
     pub fn shadow(mut self, shadow: bool) -> Self {
-        Arc::make_mut(&mut self.config().ledger).shadow = shadow;
+        Arc::make_mut(&mut self.configure().ledger).shadow = shadow;
         self
     }
 
@@ -256,7 +226,7 @@ impl TierLimitLayer {
     where
         F: Fn(http::StatusCode) -> bool + Send + Sync + 'static,
     {
-        Arc::make_mut(&mut self.config().ledger).refund_on = Some(Arc::new(f));
+        Arc::make_mut(&mut self.configure().ledger).refund_on = Some(Arc::new(f));
         self
     }
 
@@ -308,7 +278,7 @@ impl TierLimitLayer {
         I: IntoIterator,
         I::Item: Into<IpNet>,
     {
-        self.config()
+        self.configure()
             .client_addrs
             .set_trusted(proxies.into_iter().map(Into::into));
         self
@@ -318,7 +288,7 @@ impl TierLimitLayer {
     /// write (default [`ProxyHeader::Both`]: whichever the request carries,
     /// neither when both name different clients).
     pub fn proxy_header(mut self, header: ProxyHeader) -> Self {
-        self.config().client_addrs.set_proxy_header(header);
+        self.configure().client_addrs.set_proxy_header(header);
         self
     }
 
@@ -328,7 +298,7 @@ impl TierLimitLayer {
     /// address alone, and larger values count as 128. IPv4 clients are
     /// keyed by their address.
     pub fn anonymous_ipv6_prefix(mut self, len: u8) -> Self {
-        self.config().client_addrs.set_ipv6_prefix(len);
+        self.configure().client_addrs.set_ipv6_prefix(len);
         self
     }
 
@@ -338,7 +308,7 @@ impl TierLimitLayer {
     /// that long before it retries. See [`grpc`](crate::grpc).
     #[cfg(feature = "grpc")]
     pub fn grpc_retry_pushback(mut self, enabled: bool) -> Self {
-        self.config().grpc_retry_pushback = enabled;
+        self.configure().grpc_retry_pushback = enabled;
         self
     }
 
@@ -352,7 +322,7 @@ impl TierLimitLayer {
             crate::metrics::describe_requests();
             Arc::new(crate::metrics::RequestCounters::new(self.tiers()))
         });
-        self.config().metrics = counters;
+        self.configure().metrics = counters;
         self
     }
 
@@ -361,12 +331,12 @@ impl TierLimitLayer {
     /// layer's own, drawn by [`TierLimitLayer::new`]): to find one
     /// customer's lines. Clones of the layer share it.
     pub fn user_pseudonym(&self, user_id: &str) -> String {
-        self.shared.ledger.refusals.pseudonyms.of(user_id).to_string()
+        self.config.ledger.refusals.pseudonyms.of(user_id).to_string()
     }
 
     /// The tiers this layer limits with.
     pub fn tiers(&self) -> &RateTier {
-        &self.shared.ledger.tiers
+        &self.config.ledger.tiers
     }
 }
 
@@ -374,17 +344,17 @@ impl<S> Layer<S> for TierLimitLayer {
     type Service = TierLimitService<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        TierLimitService::new(inner, self.shared.clone())
+        TierLimitService::new(inner, self.config.clone())
     }
 }
 
 impl fmt::Debug for TierLimitLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TierLimitLayer")
-            .field("tiers", &self.shared.ledger.tiers)
-            .field("on_storage_error", &self.shared.ledger.refusals.on_storage_error)
-            .field("on_unknown_tier", &self.shared.on_unknown_tier)
-            .field("client_addrs", &self.shared.client_addrs)
+            .field("tiers", &self.config.ledger.tiers)
+            .field("on_storage_error", &self.config.ledger.refusals.on_storage_error)
+            .field("on_unknown_tier", &self.config.on_unknown_tier)
+            .field("client_addrs", &self.config.client_addrs)
             .finish_non_exhaustive()
     }
 }

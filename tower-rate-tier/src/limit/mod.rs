@@ -1,8 +1,10 @@
 //! The middleware: [`TierLimitLayer`] builds [`TierLimitService`], whose
 //! [`ResponseFuture`] adds the rate-limit headers on the way out.
 //!
-//! * `layer.rs`: the layer and its configuration;
-//! * `admit.rs`: identification, the tier, the price, the decision;
+//! * `config.rs`: what a layer's services read on every request;
+//! * `layer.rs`: the layer, whose builder methods set that configuration;
+//! * `admit.rs`: identification, the tier, the price, the decision, as
+//!   functions of the configuration;
 //! * `service.rs`: the service and the one serve path (admit, call the
 //!   inner service, add the charge's headers);
 //! * `future.rs`: the response future;
@@ -12,6 +14,7 @@
 mod admit;
 #[cfg(feature = "buffered-body")]
 mod buffered;
+mod config;
 mod future;
 mod layer;
 mod service;

@@ -9,24 +9,25 @@ use http::request::Parts;
 use http::{Request, Response};
 use tower_service::Service;
 
+use super::admit::{self, Decided};
 use super::admit::{Admission, Bill, Head};
+use super::config::LayerConfig;
 use super::future::{ResponseFuture, finish};
-use super::layer::Shared;
 use crate::body::ResponseBody;
 use crate::identity::TierIdentity;
 use crate::storage::Decide;
-use crate::tier::conclude;
+use crate::tier::check_result;
 
 /// The service of [`TierLimitLayer`](crate::TierLimitLayer).
 #[derive(Clone)]
 pub struct TierLimitService<S> {
     pub(crate) inner: S,
-    pub(crate) shared: Arc<Shared>,
+    pub(crate) config: Arc<LayerConfig>,
 }
 
 impl<S> TierLimitService<S> {
-    pub(crate) fn new(inner: S, shared: Arc<Shared>) -> Self {
-        TierLimitService { inner, shared }
+    pub(crate) fn new(inner: S, config: Arc<LayerConfig>) -> Self {
+        TierLimitService { inner, config }
     }
 
     /// The wrapped service.
@@ -39,7 +40,7 @@ impl<S: fmt::Debug> fmt::Debug for TierLimitService<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TierLimitService")
             .field("inner", &self.inner)
-            .field("tiers", &self.shared.ledger.tiers)
+            .field("tiers", &self.config.ledger.tiers)
             .finish_non_exhaustive()
     }
 }
@@ -71,9 +72,9 @@ where
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        if self.shared.reads_parts() {
+        if admit::reads_parts(&self.config) {
             let (mut parts, body) = req.into_parts();
-            return match admit_now(&self.shared, &mut parts) {
+            return match admit_now(&self.config, &mut parts) {
                 Ok(admission) => self.pass_or_refuse(admission, Request::from_parts(parts, body)),
                 Err(start) => self.resume(start, parts, body),
             };
@@ -81,7 +82,7 @@ where
         // Only the headers and extensions are read: in place, without
         // splitting the request.
         let mut req = req;
-        match admit_now(&self.shared, &mut req) {
+        match admit_now(&self.config, &mut req) {
             Ok(admission) => self.pass_or_refuse(admission, req),
             Err(start) => {
                 let (parts, body) = req.into_parts();
@@ -93,17 +94,17 @@ where
 
 /// Admits a request without waiting, or says where to resume when the
 /// identifier or the storage must wait.
-fn admit_now(shared: &Arc<Shared>, head: &mut impl Head) -> Result<Admission, Start> {
-    let Some(identity) = shared.identify_now(head) else {
+fn admit_now(config: &Arc<LayerConfig>, head: &mut impl Head) -> Result<Admission, Start> {
+    let Some(identity) = admit::identify_now(config, head) else {
         return Err(Start::Identify);
     };
-    let bill = match shared.bill(head, identity) {
+    let bill = match admit::bill(config, head, identity) {
         Ok(bill) => bill,
         Err(answered) => return Ok(answered),
     };
-    match shared.decide(&bill) {
-        Ok(result) => Ok(shared.conclude(head, bill, result)),
-        Err(pending) => Err(Start::Decide(bill, pending)),
+    match admit::decide(config, &bill) {
+        Decided::Now(result) => Ok(admit::admission(config, head, bill, result)),
+        Decided::Pending(pending) => Err(Start::Decide(bill, pending)),
     }
 }
 
@@ -120,7 +121,7 @@ impl<S> TierLimitService<S> {
         match admission {
             Admission::Pass(charge, slot) => ResponseFuture::inner(self.inner.call(req), charge, slot),
             Admission::Refuse(response) => {
-                ResponseFuture::refuse(self.shared.answer(req.headers(), response))
+                ResponseFuture::refuse(admit::answer(&self.config, req.headers(), response))
             }
         }
     }
@@ -142,15 +143,15 @@ impl<S> TierLimitService<S> {
         // ready and leave a clone.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        let shared = self.shared.clone();
-        ResponseFuture::boxed(Box::pin(serve(shared, inner, start, parts, body)))
+        let config = self.config.clone();
+        ResponseFuture::boxed(Box::pin(serve(config, inner, start, parts, body)))
     }
 }
 
 /// The serve path of a request that waits: identify, bill, decide, call the
 /// inner service for an admitted request, add the charge's headers.
 pub(crate) async fn serve<S, ReqB, ResB>(
-    shared: Arc<Shared>,
+    config: Arc<LayerConfig>,
     mut inner: S,
     start: Start,
     mut parts: Parts,
@@ -161,23 +162,23 @@ where
 {
     let bill = match start {
         Start::Decide(bill, pending) => Ok((bill, Some(pending))),
-        Start::Identified(identity) => shared.bill(&mut parts, identity).map(|bill| (bill, None)),
+        Start::Identified(identity) => admit::bill(&config, &mut parts, identity).map(|bill| (bill, None)),
         Start::Identify => {
-            let identity = shared.identify(&parts).await;
-            shared.bill(&mut parts, identity).map(|bill| (bill, None))
+            let identity = admit::identify(&config, &parts).await;
+            admit::bill(&config, &mut parts, identity).map(|bill| (bill, None))
         }
     };
     let admission = match bill {
         Ok((bill, pending)) => {
-            let pending = match pending {
-                Some(pending) => Err(pending),
-                None => shared.decide(&bill),
+            let decided = match pending {
+                Some(pending) => Decided::Pending(pending),
+                None => admit::decide(&config, &bill),
             };
-            let result = match pending {
-                Ok(result) => result,
-                Err(pending) => conclude(&bill.tier, pending.await),
+            let result = match decided {
+                Decided::Now(result) => result,
+                Decided::Pending(pending) => check_result(&bill.tier, pending.await),
             };
-            shared.conclude(&mut parts, bill, result)
+            admit::admission(&config, &mut parts, bill, result)
         }
         Err(answered) => answered,
     };
@@ -187,21 +188,10 @@ where
             let response = inner.call(Request::from_parts(parts, body)).await?;
             Ok(finish(response, charge.as_ref(), slot))
         }
-        Admission::Refuse(response) => Ok(crate::body::refusal(shared.answer(&parts.headers, response))),
-    }
-}
-
-impl Shared {
-    /// A refusal in the request's protocol: gRPC's for gRPC requests
-    /// (feature `grpc`), else the HTTP one.
-    pub(crate) fn answer(
-        &self,
-        request: &http::HeaderMap,
-        refusal: Response<bytes::Bytes>,
-    ) -> Response<bytes::Bytes> {
-        #[cfg(feature = "grpc")]
-        let refusal = crate::grpc::refusal(request, refusal, self.grpc_retry_pushback);
-        let _ = request;
-        refusal
+        Admission::Refuse(response) => Ok(crate::body::refusal(admit::answer(
+            &config,
+            &parts.headers,
+            response,
+        ))),
     }
 }

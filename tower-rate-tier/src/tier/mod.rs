@@ -118,16 +118,16 @@ impl RateTier {
             .find(tier)
             .ok_or_else(|| CheckError::UnknownTier(tier.to_owned()))?;
         match self.begin(user, entry, cost, false) {
-            Ok(decide) => match decide.into_ready() {
-                Ok(decision) => conclude(entry, decision),
+            Begun::Asked(decide) => match decide.into_ready() {
+                Ok(decision) => check_result(entry, decision),
                 Err(pending) => {
                     // Waiting (Redis): hold the tier, not the table's guard.
                     let entry = entry.clone();
                     drop(table);
-                    conclude(&entry, pending.await)
+                    check_result(&entry, pending.await)
                 }
             },
-            Err(answered) => answered,
+            Begun::Answered(answered) => answered,
         }
     }
 
@@ -210,9 +210,9 @@ impl RateTier {
         self.inner.table.load().first().cloned()
     }
 
-    /// Starts charging `cost` to `user` in `tier`: the storage's answer to
-    /// wait for, or `Err` with the outcome when it is known without asking
-    /// (unlimited tier, invalid user id, a cost above the burst). With
+    /// Starts charging `cost` to `user` in `tier`: the storage's answer, or
+    /// the outcome when it is known without asking (unlimited tier, invalid
+    /// user id, a cost above the burst). With
     /// `slot`, a tier with a concurrency limit also takes one of the user's
     /// slots, in the same decision (the admission carries its lease).
     #[inline]
@@ -222,14 +222,14 @@ impl RateTier {
         tier: &'a Arc<TierEntry>,
         cost: u32,
         slot: bool,
-    ) -> Result<Decide, CheckResult> {
+    ) -> Begun {
         let slots = tier.concurrency.filter(|_| slot);
         if (tier.unlimited && slots.is_none())
             || user.is_empty()
             || user.len() > MAX_USER_ID_LEN
             || cost > tier.max_cost
         {
-            return Err(self.answer_early(tier, user, cost));
+            return Begun::Answered(self.answer_early(tier, user, cost));
         }
         let op = match slots {
             Some(limit) => Op::Acquire {
@@ -241,7 +241,7 @@ impl RateTier {
             },
             None => Op::Charge(cost),
         };
-        Ok(self.decide(user, tier, op))
+        Begun::Asked(self.decide(user, tier, op))
     }
 
     /// Gives back the slot of `lease` that `user` took in `tier`.
@@ -294,6 +294,14 @@ impl RateTier {
     }
 }
 
+/// A check that has started: [`RateTier::begin`].
+pub(crate) enum Begun {
+    /// The storage was asked: its answer.
+    Asked(Decide),
+    /// Known without asking the storage.
+    Answered(CheckResult),
+}
+
 /// The state of the tier `tier` of `namespace` in `storage`, prepared.
 fn prepare(storage: &Arc<dyn Storage>, namespace: &str, tier: &str) -> Arc<dyn TierScope> {
     crate::storage::scope::prepare(storage, ScopeKey { namespace, tier })
@@ -316,7 +324,7 @@ impl Eq for TierEntry {}
 
 /// The outcome of a check from the storage's answer.
 #[inline]
-pub(crate) fn conclude(
+pub(crate) fn check_result(
     tier: &Arc<TierEntry>,
     decision: Result<crate::storage::Decision, crate::storage::StorageError>,
 ) -> CheckResult {
