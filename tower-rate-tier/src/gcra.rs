@@ -83,13 +83,14 @@ fn sat_u32(v: u128) -> u32 {
     u32::try_from(v).unwrap_or(u32::MAX)
 }
 
-/// `n / d` (`d > 0`), in `u64` when both fit: a `u128` division is a
-/// library call several times slower, and this is on every check.
+/// `n / d` and `n % d` (`d > 0`), in `u64` when both fit: a `u128`
+/// division is a library call several times slower, and this is on every
+/// check.
 #[inline]
-fn div(n: u128, d: u128) -> u128 {
+fn div_rem(n: u128, d: u128) -> (u128, u128) {
     match (u64::try_from(n), u64::try_from(d)) {
-        (Ok(n), Ok(d)) => u128::from(n / d),
-        _ => n / d,
+        (Ok(n), Ok(d)) => (u128::from(n / d), u128::from(n % d)),
+        _ => (n / d, n % d),
     }
 }
 
@@ -97,19 +98,10 @@ fn div(n: u128, d: u128) -> u128 {
 /// TAT (`None` for a key never seen or expired)?
 ///
 /// Cost 0 is a peek: always admitted, reports the state, writes nothing.
+/// The arithmetic is in `u128`, so that no quota, time or cost overflows;
+/// the division runs in `u64` whenever its operands fit.
 #[inline]
 pub(crate) fn decide(tat: Option<Nanos>, now: Nanos, quota: &Quota, cost: u32) -> BandDecision {
-    if !quota.is_unlimited() {
-        if let Some(decision) = decide_u64(tat, now, quota, cost) {
-            return decision;
-        }
-    }
-    decide_wide(tat, now, quota, cost)
-}
-
-/// [`decide`] for unlimited bands and in `u128` arithmetic.
-#[inline(never)]
-fn decide_wide(tat: Option<Nanos>, now: Nanos, quota: &Quota, cost: u32) -> BandDecision {
     if quota.is_unlimited() {
         return BandDecision {
             allowed: true,
@@ -121,9 +113,6 @@ fn decide_wide(tat: Option<Nanos>, now: Nanos, quota: &Quota, cost: u32) -> Band
                 more_after_ns: 0,
             },
         };
-    }
-    if let Some(decision) = decide_u64(tat, now, quota, cost) {
-        return decision;
     }
     let interval = u128::from(quota.emission_interval_nanos());
     let tolerance = interval * u128::from(quota.burst());
@@ -138,95 +127,34 @@ fn decide_wide(tat: Option<Nanos>, now: Nanos, quota: &Quota, cost: u32) -> Band
     let base = stored.max(now_w).min(ceiling);
     let used = base - now_w;
     let charged = used + interval * u128::from(cost);
-    if charged <= tolerance {
-        BandDecision {
-            allowed: true,
-            new_tat: if cost > 0 {
-                Some(sat_u64(now_w + charged))
+    let allowed = charged <= tolerance;
+    // The band's use after the decision: with the charge when admitted.
+    let after = if allowed { charged } else { used };
+    // What is left: whole units, and the part of one that is not free yet.
+    let (remaining, part) = div_rem(tolerance - after, interval);
+    let more_after = match (after, part) {
+        (0, _) => 0,
+        (_, 0) => interval,
+        (_, part) => interval - part,
+    };
+    BandDecision {
+        allowed,
+        new_tat: if allowed && cost > 0 {
+            Some(sat_u64(now_w + charged))
+        } else {
+            clamped
+        },
+        state: BandState {
+            remaining: sat_u32(remaining),
+            reset_after_ns: sat_u64(after),
+            retry_after_ns: if allowed {
+                0
             } else {
-                clamped
+                sat_u64(charged - tolerance).max(1)
             },
-            state: BandState {
-                remaining: sat_u32(div(tolerance - charged, interval)),
-                reset_after_ns: sat_u64(charged),
-                retry_after_ns: 0,
-                more_after_ns: sat_u64(next_unit_after_wide(charged, interval)),
-            },
-        }
-    } else {
-        BandDecision {
-            allowed: false,
-            new_tat: clamped,
-            state: BandState {
-                remaining: sat_u32(div(tolerance - used, interval)),
-                reset_after_ns: sat_u64(used),
-                retry_after_ns: sat_u64(charged - tolerance).max(1),
-                more_after_ns: sat_u64(next_unit_after_wide(used, interval)),
-            },
-        }
+            more_after_ns: sat_u64(more_after),
+        },
     }
-}
-
-/// [`next_unit_after`] in `u128`.
-fn next_unit_after_wide(used: u128, interval: u128) -> u128 {
-    if used == 0 || interval == 0 {
-        return 0;
-    }
-    match used % interval {
-        0 => interval,
-        part => part,
-    }
-}
-
-/// `n / d`, in 32 bits when both fit (a 64-bit division is several times
-/// slower on common CPUs).
-#[inline]
-fn div_u64(n: u64, d: u64) -> u64 {
-    match (u32::try_from(n), u32::try_from(d)) {
-        (Ok(n), Ok(d)) => u64::from(n / d),
-        _ => n / d,
-    }
-}
-
-/// [`decide`] in `u64` arithmetic, when nothing can overflow (every
-/// realistic quota); `None` sends the caller to the `u128` path. Same results.
-#[inline]
-fn decide_u64(tat: Option<Nanos>, now: Nanos, quota: &Quota, cost: u32) -> Option<BandDecision> {
-    let interval = quota.emission_interval_nanos();
-    let tolerance = interval.checked_mul(u64::from(quota.burst()))?;
-    let increment = interval.checked_mul(u64::from(cost))?;
-    let ceiling = now.checked_add(tolerance)?;
-    // `charged` below is at most `tolerance + increment`, and `now + charged`
-    // must fit as well.
-    ceiling.checked_add(increment)?;
-    let stored = tat.unwrap_or(now);
-    let clamped = (stored > ceiling).then_some(ceiling);
-    let base = stored.max(now).min(ceiling);
-    let used = base - now;
-    let charged = used + increment;
-    Some(if charged <= tolerance {
-        BandDecision {
-            allowed: true,
-            new_tat: if cost > 0 { Some(now + charged) } else { clamped },
-            state: BandState {
-                remaining: u32::try_from(div_u64(tolerance - charged, interval)).unwrap_or(u32::MAX),
-                reset_after_ns: charged,
-                retry_after_ns: 0,
-                more_after_ns: next_unit_after(charged, interval),
-            },
-        }
-    } else {
-        BandDecision {
-            allowed: false,
-            new_tat: clamped,
-            state: BandState {
-                remaining: u32::try_from(div_u64(tolerance - used, interval)).unwrap_or(u32::MAX),
-                reset_after_ns: used,
-                retry_after_ns: (charged - tolerance).max(1),
-                more_after_ns: next_unit_after(used, interval),
-            },
-        }
-    })
 }
 
 /// Gives `cost` units back to one band: the TAT after the refund, or `None`
@@ -300,9 +228,8 @@ mod tests {
         // a full band has nothing more to give
         assert_eq!(decide(None, 0, &q, 0).state.more_after_ns, 0);
         assert_eq!(decide(tat, 60 * S, &q, 0).state.more_after_ns, 0);
-        // the wide path agrees
-        let wide = decide_wide(tat, 5 * S, &q, 0);
-        assert_eq!(wide.state.more_after_ns, 7 * S);
+        // a peek reports the same
+        assert_eq!(decide(tat, 5 * S, &q, 0).state.more_after_ns, 7 * S);
     }
 
     #[test]
