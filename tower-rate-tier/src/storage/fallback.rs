@@ -133,9 +133,11 @@ pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_secs(1);
 pub const DEFAULT_CONTINUE_WITHIN: Duration = Duration::from_secs(300);
 
 mod builder;
+mod domain;
 mod local;
 
 pub use builder::FallbackBuilder;
+use domain::{Domain, Route};
 use local::Call;
 #[cfg(test)]
 use local::scale;
@@ -203,37 +205,6 @@ struct Shared {
     on_switch: Option<SwitchFn>,
 }
 
-#[derive(Debug, Clone, Copy)]
-struct Domain {
-    /// Consecutive failures of the primary; 0 once it answered again.
-    failures: u32,
-    epoch: u64,
-    /// When the primary last answered after failures (the outage ended).
-    ended: Nanos,
-    /// Answering locally; the next probe is due then.
-    probe_at: Option<Nanos>,
-    /// When the probe of this spell in flight was sent: no other is sent
-    /// meanwhile.
-    probing: Option<Nanos>,
-    /// A probe was answered: the next decision tries the primary.
-    trial: bool,
-}
-
-/// After this many probe intervals, a probe that has not come back no longer
-/// holds up the next: the decision then due goes to the primary itself.
-const STALE_PROBE: u64 = 10;
-
-/// Where a decision goes, with the epoch of the domain's local state.
-enum Route {
-    Primary,
-    Local(u64),
-    /// Locally, and a probe of the primary is due.
-    Probe(u64),
-    /// To the primary, as a trial: any failure is answered locally, and
-    /// only a decision the primary makes brings the domain back.
-    Trial,
-}
-
 impl<S: Storage> Storage for Fallback<S> {
     fn decide(&self, key: StorageKey<'_>, bands: &[Quota], op: Op, clock: &Arc<dyn Clock>) -> Decide {
         let shared = &self.shared;
@@ -292,53 +263,6 @@ impl<S: Storage> Fallback<S> {
 }
 
 impl Shared {
-    /// Locally while the domain has switched, except for a probe that is due.
-    fn route(&self, domain: u64, clock: &Arc<dyn Clock>) -> Route {
-        if self.troubled.load(Ordering::Relaxed) == 0 {
-            return Route::Primary;
-        }
-        let Some(mut state) = self.domains.get_mut(&domain) else {
-            return Route::Primary;
-        };
-        let Some(due) = state.probe_at else {
-            return Route::Primary;
-        };
-        if state.trial {
-            state.trial = false;
-            return Route::Trial;
-        }
-        let now = clock.now();
-        if now < due {
-            return Route::Local(state.epoch);
-        }
-        match state.probing {
-            None => {
-                state.probe_at = Some(now.saturating_add(self.probe_every));
-                state.probing = Some(now);
-                Route::Probe(state.epoch)
-            }
-            // The probe never came back (its task never ran: a runtime
-            // that is not driven, or was shut down): this decision is the
-            // trial, so the domain cannot stay local for ever.
-            Some(sent) if now.saturating_sub(sent) >= self.probe_every.saturating_mul(STALE_PROBE) => {
-                state.probe_at = Some(now.saturating_add(self.probe_every));
-                Route::Trial
-            }
-            Some(_) => Route::Local(state.epoch),
-        }
-    }
-
-    /// A probe of spell `epoch` of `domain` ended; `answered` when the
-    /// primary answered it. A probe of an earlier spell changes nothing.
-    fn probed(&self, domain: u64, epoch: u64, answered: bool) {
-        if let Some(mut state) = self.domains.get_mut(&domain) {
-            if state.epoch == epoch {
-                state.probing = None;
-                state.trial |= answered;
-            }
-        }
-    }
-
     /// The primary's answer, or the local one when the primary failed (a
     /// trial's failure of any kind: the primary is not back until it
     /// decides).
@@ -407,16 +331,6 @@ impl Shared {
             if self.local_domains.fetch_sub(1, Ordering::Relaxed) == 1 {
                 tracing::info!("rate-limit storage answers again: decisions go back to it");
                 self.report(false);
-            }
-        }
-    }
-
-    /// A trial was answered by a wrapper of the primary, not by the
-    /// primary: the next decision of `domain` is the trial.
-    fn retry_trial(&self, domain: u64) {
-        if let Some(mut state) = self.domains.get_mut(&domain) {
-            if state.probe_at.is_some() {
-                state.trial = true;
             }
         }
     }
