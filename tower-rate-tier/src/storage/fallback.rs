@@ -50,6 +50,13 @@
 //!   the fallback which keys fail together (`RedisStorage::failure_domain`:
 //!   the key's hash slot); failures are counted, switches made and probes
 //!   sent per domain, so keys on healthy nodes keep using Redis.
+//! * **Prepared tiers.** A tier prepared in the fallback
+//!   ([`Storage::prepare`], when a [`RateTier`](crate::RateTier) builds its
+//!   table) holds the primary's scope of the tier (or decides it in the
+//!   primary by name, when the primary prepares none) and the local
+//!   limiter's scope of the tier: its decisions, local answers included,
+//!   look nothing up by name. They share the failure domains, outages and
+//!   local state of the decisions made by name ([`Storage::decide`]).
 //!
 //! # Scaling
 //!
@@ -114,7 +121,8 @@ use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
 
 use super::{
-    Decide, Decision, DecisionSource, MemoryStorage, Op, Storage, StorageError, StorageErrorKind, StorageKey,
+    Decide, Decision, DecisionSource, MemoryStorage, Op, ScopeKey, Storage, StorageError, StorageErrorKind,
+    StorageKey, TierScope,
 };
 use crate::clock::{Clock, Nanos};
 use crate::quota::Quota;
@@ -135,12 +143,14 @@ pub const DEFAULT_CONTINUE_WITHIN: Duration = Duration::from_secs(300);
 mod builder;
 mod domain;
 mod local;
+mod scope;
 
 pub use builder::FallbackBuilder;
 use domain::{Domain, Route};
-use local::Call;
 #[cfg(test)]
 use local::scale;
+use local::{Call, Local};
+use scope::FallbackScope;
 
 type DomainFn = Arc<dyn Fn(StorageKey<'_>) -> u64 + Send + Sync>;
 type SwitchFn = Arc<dyn Fn(bool) + Send + Sync>;
@@ -149,11 +159,21 @@ type Hasher = foldhash::fast::RandomState;
 /// A storage that answers from a local limiter while its primary fails; see
 /// the [module documentation](self).
 ///
-/// Cheap to clone; clones share one state.
-#[derive(Clone)]
+/// Cheap to clone; clones share one state and one primary.
 pub struct Fallback<S> {
-    primary: S,
+    /// Shared with the tiers prepared here that the primary decides by
+    /// name.
+    primary: Arc<S>,
     shared: Arc<Shared>,
+}
+
+impl<S> Clone for Fallback<S> {
+    fn clone(&self) -> Self {
+        Fallback {
+            primary: self.primary.clone(),
+            shared: self.shared.clone(),
+        }
+    }
 }
 
 impl<S: Storage> Fallback<S> {
@@ -207,47 +227,81 @@ struct Shared {
 
 impl<S: Storage> Storage for Fallback<S> {
     fn decide(&self, key: StorageKey<'_>, bands: &[Quota], op: Op, clock: &Arc<dyn Clock>) -> Decide {
-        let shared = &self.shared;
-        let domain = shared.domain_of.as_ref().map_or(0, |domain_of| domain_of(key));
-        let trial = match shared.route(domain, clock) {
+        let at = ScopeKey {
+            namespace: key.namespace,
+            tier: key.tier,
+        };
+        let call = Call {
+            user: key.user,
+            bands,
+            op,
+            clock,
+        };
+        self.shared.decide(at, Local::Named(at), call, |op| {
+            self.primary.decide(key, bands, op, clock)
+        })
+    }
+
+    /// The tier in the primary (its own scope, or its decisions by name)
+    /// and in the local limiter.
+    fn prepare(&self, at: ScopeKey<'_>) -> Option<Arc<dyn TierScope>> {
+        let primary: Arc<dyn Storage> = self.primary.clone();
+        let primary = super::scope::prepare(&primary, at);
+        Some(Arc::new(FallbackScope::new(primary, &self.shared, at)))
+    }
+}
+
+impl Shared {
+    /// Decides `call` of the tier `at`: in the primary (`primary` carries
+    /// out an operation there for the call's user) unless the key's failure
+    /// domain answers locally, and in the local limiter (where the tier is
+    /// `local`) when the primary fails.
+    fn decide(
+        self: &Arc<Self>,
+        at: ScopeKey<'_>,
+        local: Local<'_>,
+        call: Call<'_>,
+        primary: impl Fn(Op) -> Decide,
+    ) -> Decide {
+        let domain = self
+            .domain_of
+            .as_ref()
+            .map_or(0, |domain_of| domain_of(at.user(call.user)));
+        let trial = match self.route(domain, call.clock) {
             Route::Primary => false,
-            Route::Local(epoch) => return Decide::ready(shared.answer_locally(key, bands, op, clock, epoch)),
+            Route::Local(epoch) => return Decide::ready(self.answer_locally(local, call, epoch)),
             Route::Probe(epoch) => match tokio::runtime::Handle::try_current() {
                 Ok(runtime) => {
-                    self.probe(&runtime, domain, epoch, key, bands, clock);
-                    return Decide::ready(shared.answer_locally(key, bands, op, clock, epoch));
+                    self.probe(&runtime, domain, epoch, primary(Op::Charge(0)));
+                    return Decide::ready(self.answer_locally(local, call, epoch));
                 }
                 // Outside a runtime there is no task to probe in: this
                 // decision is the probe, as a trial.
                 Err(_) => {
-                    shared.probed(domain, epoch, false);
+                    self.probed(domain, epoch, false);
                     true
                 }
             },
             Route::Trial => true,
         };
-        let call = Call::new(key, bands, op, clock);
-        let shared = shared.clone();
-        self.primary
-            .decide(key, bands, op, clock)
-            .map(move |decided| shared.settle(domain, call, decided, trial))
+        match primary(call.op).into_ready() {
+            Ok(decided) => Decide::ready(self.settle(domain, local, call, decided, trial)),
+            Err(pending) => {
+                let (local, call) = (local.keep(), call.keep());
+                let shared = self.clone();
+                Decide::pending(async move {
+                    let decided = pending.await;
+                    shared.settle(domain, local.local(), call.call(), decided, trial)
+                })
+            }
+        }
     }
-}
 
-impl<S: Storage> Fallback<S> {
-    /// Asks the primary to peek at `key`, in a task of its own: if it
-    /// answers, the next decision of `domain` tries the primary.
-    fn probe(
-        &self,
-        runtime: &tokio::runtime::Handle,
-        domain: u64,
-        epoch: u64,
-        key: StorageKey<'_>,
-        bands: &[Quota],
-        clock: &Arc<dyn Clock>,
-    ) {
-        let probe = self.primary.decide(key, bands, Op::Charge(0), clock);
-        let shared = self.shared.clone();
+    /// Runs `probe`, the primary's peek at a key, in a task of its own: if
+    /// the primary answers it, the next decision of `domain` tries the
+    /// primary.
+    fn probe(self: &Arc<Self>, runtime: &tokio::runtime::Handle, domain: u64, epoch: u64, probe: Decide) {
+        let shared = self.clone();
         let probe = async move {
             let answered = match probe.await {
                 Ok(decision) => decision.source == DecisionSource::Storage,
@@ -260,22 +314,21 @@ impl<S: Storage> Fallback<S> {
         };
         runtime.spawn(tracing::Instrument::in_current_span(probe));
     }
-}
 
-impl Shared {
     /// The primary's answer, or the local one when the primary failed (a
     /// trial's failure of any kind: the primary is not back until it
     /// decides).
     fn settle(
         &self,
         domain: u64,
-        call: Call,
+        local: Local<'_>,
+        call: Call<'_>,
         decided: Result<Decision, StorageError>,
         trial: bool,
     ) -> Result<Decision, StorageError> {
         match decided {
             Ok(decision) if decision.source == DecisionSource::Storage => {
-                self.answered(domain, call.now());
+                self.answered(domain, call.clock.now());
                 Ok(decision)
             }
             // A wrapper of the primary answered without asking it (a cached
@@ -294,9 +347,9 @@ impl Shared {
                         StorageErrorKind::Timeout | StorageErrorKind::Unavailable | StorageErrorKind::Full
                     ) =>
             {
-                let epoch = self.failed(domain, call.now());
+                let epoch = self.failed(domain, call.clock.now());
                 tracing::debug!(error = %e, "rate-limit storage failed; decided by the local fallback");
-                self.answer_call(&call, epoch)
+                self.answer_locally(local, call, epoch)
             }
             Err(e) => Err(e),
         }
