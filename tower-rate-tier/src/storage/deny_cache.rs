@@ -38,6 +38,13 @@
 //! slot is refused from the cache when its rate is known spent, taking no
 //! slot.
 //!
+//! A tier prepared in the cache ([`Storage::prepare`]) holds the wrapped
+//! storage's scope of the tier (or decides it by name when that storage
+//! prepares none), the cache, and the tier's part of every key's name:
+//! its decisions look nothing up but the key's entry. The prepared tier and
+//! a decision by name ([`Storage::decide`]) share one cache and answer
+//! alike.
+//!
 //! The Redis storage has this cache built in (on by default; see
 //! `RedisStorageBuilder::deny_cache`). Around another storage:
 //!
@@ -66,7 +73,8 @@ use dashmap::DashMap;
 use smallvec::SmallVec;
 
 use super::{
-    BandName, Decide, Decision, DecisionSource, MAX_BANDS, Op, Storage, StorageKey, band_names, decide_bands,
+    BandName, Decide, Decision, DecisionSource, MAX_BANDS, Op, ScopeKey, Storage, StorageKey, TierScope,
+    band_names, decide_bands,
 };
 use crate::clock::{Clock, Nanos};
 use crate::quota::Quota;
@@ -80,11 +88,21 @@ const SWEEP_EVERY: Nanos = 1_000_000_000;
 /// A storage that answers repeated denials itself; see the
 /// [module documentation](self).
 ///
-/// Cheap to clone; clones share one cache.
-#[derive(Clone)]
+/// Cheap to clone; clones share one cache and one wrapped storage.
 pub struct DenyCache<S> {
-    inner: S,
+    /// Shared with the tiers prepared here that the wrapped storage decides
+    /// by name.
+    inner: Arc<S>,
     table: Arc<DenyTable>,
+}
+
+impl<S> Clone for DenyCache<S> {
+    fn clone(&self) -> Self {
+        DenyCache {
+            inner: self.inner.clone(),
+            table: self.table.clone(),
+        }
+    }
 }
 
 impl<S: Storage> DenyCache<S> {
@@ -96,7 +114,7 @@ impl<S: Storage> DenyCache<S> {
     /// Caches the denials of `inner`, for up to `capacity` keys.
     pub fn with_capacity(inner: S, capacity: usize) -> Self {
         DenyCache {
-            inner,
+            inner: Arc::new(inner),
             table: Arc::new(DenyTable::new(capacity)),
         }
     }
@@ -120,9 +138,48 @@ impl<S: Storage> DenyCache<S> {
 
 impl<S: Storage> Storage for DenyCache<S> {
     fn decide(&self, key: StorageKey<'_>, bands: &[Quota], op: Op, clock: &Arc<dyn Clock>) -> Decide {
-        self.table.guard(key, bands, op, clock.now(), || {
+        self.table.guard(encode(key), bands, op, clock.now(), || {
             self.inner.decide(key, bands, op, clock)
         })
+    }
+
+    /// The tier in the wrapped storage (its own scope, or its decisions by
+    /// name), behind this cache.
+    fn prepare(&self, at: ScopeKey<'_>) -> Option<Arc<dyn TierScope>> {
+        let inner: Arc<dyn Storage> = self.inner.clone();
+        Some(Arc::new(DenyScope {
+            inner: super::scope::prepare(&inner, at),
+            table: self.table.clone(),
+            prefix: tier_prefix(at),
+        }))
+    }
+}
+
+/// A tier prepared in a [`DenyCache`]: the wrapped storage's scope of the
+/// tier, the cache, and the tier's part of its keys' names.
+struct DenyScope {
+    inner: Arc<dyn TierScope>,
+    table: Arc<DenyTable>,
+    /// `[len][namespace][len][tier]`, which a user id completes.
+    prefix: KeyBuf,
+}
+
+impl TierScope for DenyScope {
+    fn decide(&self, user: &str, bands: &[Quota], op: Op, clock: &Arc<dyn Clock>) -> Decide {
+        let mut name = KeyBuf::with_capacity(self.prefix.len() + user.len());
+        name.extend_from_slice(&self.prefix);
+        name.extend_from_slice(user.as_bytes());
+        self.table.guard(name, bands, op, clock.now(), || {
+            self.inner.decide(user, bands, op, clock)
+        })
+    }
+}
+
+impl fmt::Debug for DenyScope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DenyScope")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
     }
 }
 
@@ -138,8 +195,9 @@ impl<S: fmt::Debug> fmt::Debug for DenyCache<S> {
 
 type Hasher = foldhash::fast::RandomState;
 
-/// `[len][namespace][len][tier][user]` (names of at most 255 bytes).
-type KeyBuf = SmallVec<[u8; 64]>;
+/// A key's name in the cache: `[len][namespace][len][tier][user]` (the
+/// namespace and tier cut at 255 bytes).
+pub(crate) type KeyBuf = SmallVec<[u8; 64]>;
 
 /// The entries of one cache.
 pub(crate) struct DenyTable {
@@ -178,18 +236,17 @@ impl DenyTable {
         self.len.load(Ordering::Relaxed)
     }
 
-    /// Answers `op` on `key` from the cache when it denies it (at local time
-    /// `now`); else `forward` asks the storage, whose answer updates the
-    /// cache.
+    /// Answers `op` on the key named `name` (see [`encode`]) from the cache
+    /// when it denies it (at local time `now`); else `forward` asks the
+    /// storage, whose answer updates the cache.
     pub(crate) fn guard(
         self: &Arc<Self>,
-        key: StorageKey<'_>,
+        name: KeyBuf,
         bands: &[Quota],
         op: Op,
         now: Nanos,
         forward: impl FnOnce() -> Decide,
     ) -> Decide {
-        let name = encode(key);
         match op {
             // A rate the cache knows spent refuses a request that would
             // take a slot too (it takes none).
@@ -335,17 +392,30 @@ fn same_bands(entry: &Entry, bands: &[Quota]) -> bool {
             .all(|(kept, name)| *kept == Some(name))
 }
 
-fn encode(key: StorageKey<'_>) -> KeyBuf {
+/// The name of `key` in the cache.
+pub(crate) fn encode(key: StorageKey<'_>) -> KeyBuf {
     let mut out = KeyBuf::new();
-    let ns = key.namespace.len().min(255);
-    let tier = key.tier.len().min(255);
-    out.reserve(2 + ns + tier + key.user.len());
-    out.push(ns as u8);
-    out.extend_from_slice(&key.namespace.as_bytes()[..ns]);
-    out.push(tier as u8);
-    out.extend_from_slice(&key.tier.as_bytes()[..tier]);
+    push_tier(&mut out, key.namespace, key.tier, key.user.len());
     out.extend_from_slice(key.user.as_bytes());
     out
+}
+
+/// The part of its keys' names a tier sets, for a prepared tier.
+fn tier_prefix(at: ScopeKey<'_>) -> KeyBuf {
+    let mut out = KeyBuf::new();
+    push_tier(&mut out, at.namespace, at.tier, 0);
+    out
+}
+
+/// Appends `[len][namespace][len][tier]`, with room for `more` bytes.
+fn push_tier(out: &mut KeyBuf, namespace: &str, tier: &str, more: usize) {
+    let ns = namespace.len().min(255);
+    let tier_len = tier.len().min(255);
+    out.reserve(2 + ns + tier_len + more);
+    out.push(ns as u8);
+    out.extend_from_slice(&namespace.as_bytes()[..ns]);
+    out.push(tier_len as u8);
+    out.extend_from_slice(&tier.as_bytes()[..tier_len]);
 }
 
 #[cfg(test)]

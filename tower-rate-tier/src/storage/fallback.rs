@@ -50,6 +50,13 @@
 //!   the fallback which keys fail together (`RedisStorage::failure_domain`:
 //!   the key's hash slot); failures are counted, switches made and probes
 //!   sent per domain, so keys on healthy nodes keep using Redis.
+//! * **Prepared tiers.** A tier prepared in the fallback
+//!   ([`Storage::prepare`], when a [`RateTier`](crate::RateTier) builds its
+//!   table) holds the primary's scope of the tier (or decides it in the
+//!   primary by name, when the primary prepares none) and the local
+//!   limiter's scope of the tier: its decisions, local answers included,
+//!   look nothing up by name. They share the failure domains, outages and
+//!   local state of the decisions made by name ([`Storage::decide`]).
 //!
 //! # Scaling
 //!
@@ -114,7 +121,8 @@ use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
 
 use super::{
-    Decide, Decision, DecisionSource, MemoryStorage, Op, Storage, StorageError, StorageErrorKind, StorageKey,
+    Decide, Decision, DecisionSource, MemoryStorage, Op, ScopeKey, Storage, StorageError, StorageErrorKind,
+    StorageKey, TierScope,
 };
 use crate::clock::{Clock, Nanos};
 use crate::quota::Quota;
@@ -133,12 +141,16 @@ pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_secs(1);
 pub const DEFAULT_CONTINUE_WITHIN: Duration = Duration::from_secs(300);
 
 mod builder;
+mod domain;
 mod local;
+mod scope;
 
 pub use builder::FallbackBuilder;
-use local::Call;
+use domain::{Domain, Route};
 #[cfg(test)]
 use local::scale;
+use local::{Call, Local};
+use scope::FallbackScope;
 
 type DomainFn = Arc<dyn Fn(StorageKey<'_>) -> u64 + Send + Sync>;
 type SwitchFn = Arc<dyn Fn(bool) + Send + Sync>;
@@ -147,11 +159,21 @@ type Hasher = foldhash::fast::RandomState;
 /// A storage that answers from a local limiter while its primary fails; see
 /// the [module documentation](self).
 ///
-/// Cheap to clone; clones share one state.
-#[derive(Clone)]
+/// Cheap to clone; clones share one state and one primary.
 pub struct Fallback<S> {
-    primary: S,
+    /// Shared with the tiers prepared here that the primary decides by
+    /// name.
+    primary: Arc<S>,
     shared: Arc<Shared>,
+}
+
+impl<S> Clone for Fallback<S> {
+    fn clone(&self) -> Self {
+        Fallback {
+            primary: self.primary.clone(),
+            shared: self.shared.clone(),
+        }
+    }
 }
 
 impl<S: Storage> Fallback<S> {
@@ -203,80 +225,83 @@ struct Shared {
     on_switch: Option<SwitchFn>,
 }
 
-#[derive(Debug, Clone, Copy)]
-struct Domain {
-    /// Consecutive failures of the primary; 0 once it answered again.
-    failures: u32,
-    epoch: u64,
-    /// When the primary last answered after failures (the outage ended).
-    ended: Nanos,
-    /// Answering locally; the next probe is due then.
-    probe_at: Option<Nanos>,
-    /// When the probe of this spell in flight was sent: no other is sent
-    /// meanwhile.
-    probing: Option<Nanos>,
-    /// A probe was answered: the next decision tries the primary.
-    trial: bool,
-}
-
-/// After this many probe intervals, a probe that has not come back no longer
-/// holds up the next: the decision then due goes to the primary itself.
-const STALE_PROBE: u64 = 10;
-
-/// Where a decision goes, with the epoch of the domain's local state.
-enum Route {
-    Primary,
-    Local(u64),
-    /// Locally, and a probe of the primary is due.
-    Probe(u64),
-    /// To the primary, as a trial: any failure is answered locally, and
-    /// only a decision the primary makes brings the domain back.
-    Trial,
-}
-
 impl<S: Storage> Storage for Fallback<S> {
     fn decide(&self, key: StorageKey<'_>, bands: &[Quota], op: Op, clock: &Arc<dyn Clock>) -> Decide {
-        let shared = &self.shared;
-        let domain = shared.domain_of.as_ref().map_or(0, |domain_of| domain_of(key));
-        let trial = match shared.route(domain, clock) {
+        let at = ScopeKey {
+            namespace: key.namespace,
+            tier: key.tier,
+        };
+        let call = Call {
+            user: key.user,
+            bands,
+            op,
+            clock,
+        };
+        self.shared.decide(at, Local::Named(at), call, |op| {
+            self.primary.decide(key, bands, op, clock)
+        })
+    }
+
+    /// The tier in the primary (its own scope, or its decisions by name)
+    /// and in the local limiter.
+    fn prepare(&self, at: ScopeKey<'_>) -> Option<Arc<dyn TierScope>> {
+        let primary: Arc<dyn Storage> = self.primary.clone();
+        let primary = super::scope::prepare(&primary, at);
+        Some(Arc::new(FallbackScope::new(primary, &self.shared, at)))
+    }
+}
+
+impl Shared {
+    /// Decides `call` of the tier `at`: in the primary (`primary` carries
+    /// out an operation there for the call's user) unless the key's failure
+    /// domain answers locally, and in the local limiter (where the tier is
+    /// `local`) when the primary fails.
+    fn decide(
+        self: &Arc<Self>,
+        at: ScopeKey<'_>,
+        local: Local<'_>,
+        call: Call<'_>,
+        primary: impl Fn(Op) -> Decide,
+    ) -> Decide {
+        let domain = self
+            .domain_of
+            .as_ref()
+            .map_or(0, |domain_of| domain_of(at.user(call.user)));
+        let trial = match self.route(domain, call.clock) {
             Route::Primary => false,
-            Route::Local(epoch) => return Decide::ready(shared.answer_locally(key, bands, op, clock, epoch)),
+            Route::Local(epoch) => return Decide::ready(self.answer_locally(local, call, epoch)),
             Route::Probe(epoch) => match tokio::runtime::Handle::try_current() {
                 Ok(runtime) => {
-                    self.probe(&runtime, domain, epoch, key, bands, clock);
-                    return Decide::ready(shared.answer_locally(key, bands, op, clock, epoch));
+                    self.probe(&runtime, domain, epoch, primary(Op::Charge(0)));
+                    return Decide::ready(self.answer_locally(local, call, epoch));
                 }
                 // Outside a runtime there is no task to probe in: this
                 // decision is the probe, as a trial.
                 Err(_) => {
-                    shared.probed(domain, epoch, false);
+                    self.probed(domain, epoch, false);
                     true
                 }
             },
             Route::Trial => true,
         };
-        let call = Call::new(key, bands, op, clock);
-        let shared = shared.clone();
-        self.primary
-            .decide(key, bands, op, clock)
-            .map(move |decided| shared.settle(domain, call, decided, trial))
+        match primary(call.op).into_ready() {
+            Ok(decided) => Decide::ready(self.settle(domain, local, call, decided, trial)),
+            Err(pending) => {
+                let (local, call) = (local.keep(), call.keep());
+                let shared = self.clone();
+                Decide::pending(async move {
+                    let decided = pending.await;
+                    shared.settle(domain, local.local(), call.call(), decided, trial)
+                })
+            }
+        }
     }
-}
 
-impl<S: Storage> Fallback<S> {
-    /// Asks the primary to peek at `key`, in a task of its own: if it
-    /// answers, the next decision of `domain` tries the primary.
-    fn probe(
-        &self,
-        runtime: &tokio::runtime::Handle,
-        domain: u64,
-        epoch: u64,
-        key: StorageKey<'_>,
-        bands: &[Quota],
-        clock: &Arc<dyn Clock>,
-    ) {
-        let probe = self.primary.decide(key, bands, Op::Charge(0), clock);
-        let shared = self.shared.clone();
+    /// Runs `probe`, the primary's peek at a key, in a task of its own: if
+    /// the primary answers it, the next decision of `domain` tries the
+    /// primary.
+    fn probe(self: &Arc<Self>, runtime: &tokio::runtime::Handle, domain: u64, epoch: u64, probe: Decide) {
+        let shared = self.clone();
         let probe = async move {
             let answered = match probe.await {
                 Ok(decision) => decision.source == DecisionSource::Storage,
@@ -289,55 +314,6 @@ impl<S: Storage> Fallback<S> {
         };
         runtime.spawn(tracing::Instrument::in_current_span(probe));
     }
-}
-
-impl Shared {
-    /// Locally while the domain has switched, except for a probe that is due.
-    fn route(&self, domain: u64, clock: &Arc<dyn Clock>) -> Route {
-        if self.troubled.load(Ordering::Relaxed) == 0 {
-            return Route::Primary;
-        }
-        let Some(mut state) = self.domains.get_mut(&domain) else {
-            return Route::Primary;
-        };
-        let Some(due) = state.probe_at else {
-            return Route::Primary;
-        };
-        if state.trial {
-            state.trial = false;
-            return Route::Trial;
-        }
-        let now = clock.now();
-        if now < due {
-            return Route::Local(state.epoch);
-        }
-        match state.probing {
-            None => {
-                state.probe_at = Some(now.saturating_add(self.probe_every));
-                state.probing = Some(now);
-                Route::Probe(state.epoch)
-            }
-            // The probe never came back (its task never ran: a runtime
-            // that is not driven, or was shut down): this decision is the
-            // trial, so the domain cannot stay local for ever.
-            Some(sent) if now.saturating_sub(sent) >= self.probe_every.saturating_mul(STALE_PROBE) => {
-                state.probe_at = Some(now.saturating_add(self.probe_every));
-                Route::Trial
-            }
-            Some(_) => Route::Local(state.epoch),
-        }
-    }
-
-    /// A probe of spell `epoch` of `domain` ended; `answered` when the
-    /// primary answered it. A probe of an earlier spell changes nothing.
-    fn probed(&self, domain: u64, epoch: u64, answered: bool) {
-        if let Some(mut state) = self.domains.get_mut(&domain) {
-            if state.epoch == epoch {
-                state.probing = None;
-                state.trial |= answered;
-            }
-        }
-    }
 
     /// The primary's answer, or the local one when the primary failed (a
     /// trial's failure of any kind: the primary is not back until it
@@ -345,13 +321,14 @@ impl Shared {
     fn settle(
         &self,
         domain: u64,
-        call: Call,
+        local: Local<'_>,
+        call: Call<'_>,
         decided: Result<Decision, StorageError>,
         trial: bool,
     ) -> Result<Decision, StorageError> {
         match decided {
             Ok(decision) if decision.source == DecisionSource::Storage => {
-                self.answered(domain, call.now());
+                self.answered(domain, call.clock.now());
                 Ok(decision)
             }
             // A wrapper of the primary answered without asking it (a cached
@@ -370,9 +347,9 @@ impl Shared {
                         StorageErrorKind::Timeout | StorageErrorKind::Unavailable | StorageErrorKind::Full
                     ) =>
             {
-                let epoch = self.failed(domain, call.now());
+                let epoch = self.failed(domain, call.clock.now());
                 tracing::debug!(error = %e, "rate-limit storage failed; decided by the local fallback");
-                self.answer_call(&call, epoch)
+                self.answer_locally(local, call, epoch)
             }
             Err(e) => Err(e),
         }
@@ -407,16 +384,6 @@ impl Shared {
             if self.local_domains.fetch_sub(1, Ordering::Relaxed) == 1 {
                 tracing::info!("rate-limit storage answers again: decisions go back to it");
                 self.report(false);
-            }
-        }
-    }
-
-    /// A trial was answered by a wrapper of the primary, not by the
-    /// primary: the next decision of `domain` is the trial.
-    fn retry_trial(&self, domain: u64) {
-        if let Some(mut state) = self.domains.get_mut(&domain) {
-            if state.probe_at.is_some() {
-                state.trial = true;
             }
         }
     }

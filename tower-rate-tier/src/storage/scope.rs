@@ -8,12 +8,24 @@
 //! scope, and every decision of the tier is one call on it: no lookup by
 //! name. A storage that prepares nothing (the default, and the usual shape
 //! of a custom storage) is decided through [`Storage::decide`] with the
-//! tier's names, by [`ByName`].
+//! tier's names.
 //!
-//! A storage prepares a tier from what it keeps for it: the memory storage
-//! hands out its maps of the tier (a tier set again with the same name finds
-//! the same maps, so users keep their state across changes), a wrapper
-//! prepares the tier in the storage it wraps and adds its own part.
+//! A storage prepares a tier from what it keeps for it:
+//!
+//! * [`MemoryStorage`](super::MemoryStorage) hands out its maps of the tier
+//!   (a tier set again with the same name finds the same maps, so users
+//!   keep their state across changes);
+//! * the wrappers prepare the tier in the storage they wrap (or, when that
+//!   one prepares none, decide it there by name) and add their own part:
+//!   [`DenyCache`](super::DenyCache) its cache and the tier's part of its
+//!   keys' names, [`Fallback`](super::Fallback) the local limiter's scope of
+//!   the tier and the tier's names for its failure domains. So
+//!   `Fallback<DenyCache<MemoryStorage>>` decides a prepared tier without a
+//!   lookup by name at any level. What a wrapper keeps (the cache's
+//!   entries, the fallback's outages and local state) serves its prepared
+//!   tiers and its decisions by name alike;
+//! * the Redis storage prepares nothing: its decisions go by name, and a
+//!   wrapper around it prepares its own part only.
 
 use std::fmt;
 use std::sync::Arc;

@@ -188,3 +188,104 @@ fn a_changed_tier_ignores_the_entry_and_fallback_decisions_are_never_kept() {
     table.record(encode(KEY), &bands, 0, &fallback);
     assert_eq!(table.len(), 0);
 }
+
+const AT: ScopeKey<'static> = ScopeKey {
+    namespace: "",
+    tier: "t",
+};
+
+/// A decision of the user of `KEY` in a tier prepared for `AT`.
+fn decide_in(scope: &Arc<dyn TierScope>, bands: &[Quota], op: Op, clock: &FakeClock) -> Decision {
+    let clock: Arc<dyn Clock> = Arc::new(clock.clone());
+    scope
+        .decide(KEY.user, bands, op, &clock)
+        .into_ready()
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or_else(|| panic!("no ready decision"))
+}
+
+#[test]
+fn a_prepared_tier_names_its_keys_as_decisions_by_name_do() {
+    for (namespace, tier) in [("", "t"), ("api", "pro"), ("n", &*"x".repeat(300))] {
+        let at = ScopeKey { namespace, tier };
+        let mut name = tier_prefix(at);
+        name.extend_from_slice(b"ada");
+        assert_eq!(name, encode(at.user("ada")));
+    }
+}
+
+#[test]
+fn a_prepared_tier_decides_as_the_cache_does_by_name() {
+    let clock = FakeClock::new();
+    let by_name = DenyCache::new(MemoryStorage::new());
+    let prepared = DenyCache::new(MemoryStorage::new());
+    let scope = prepared.prepare(AT).expect("the cache prepares every tier");
+    let bands = [Quota::per_second(2), Quota::per_minute(100)];
+    let mut answers = Vec::new();
+    for (op, step) in [
+        (Op::Charge(1), 0),
+        (Op::Charge(1), 0),
+        (Op::Charge(1), 0),
+        (Op::Charge(1), 120),
+        (Op::Charge(2), 200),
+        (Op::Charge(1), 180),
+        (Op::Charge(2), 0),
+        (Op::Charge(0), 10),
+        (Op::Refund(1), 0),
+        (Op::Charge(1), 0),
+        (Op::Charge(1), 0),
+        (Op::Charge(1), 0),
+    ] {
+        clock.advance(Duration::from_millis(step));
+        let expected = decide(&by_name, &bands, op, &clock);
+        assert_eq!(decide_in(&scope, &bands, op, &clock), expected, "{op:?}");
+        assert_eq!(prepared.len(), by_name.len());
+        answers.push((expected.allowed, expected.source));
+    }
+    use DecisionSource::{DenyCache as Cached, Storage as Stored};
+    // admitted, denied by the storage, then from the cache until a band has
+    // room; a refund drops the entry
+    let (yes, no) = (true, false);
+    assert_eq!(
+        answers,
+        [
+            (yes, Stored),
+            (yes, Stored),
+            (no, Stored),
+            (no, Cached),
+            (no, Cached),
+            (yes, Stored),
+            (no, Cached),
+            (yes, Stored),
+            (yes, Stored),
+            (yes, Stored),
+            (no, Stored),
+            (no, Cached)
+        ]
+    );
+}
+
+#[test]
+fn a_tier_prepared_over_a_storage_that_prepares_none_shares_the_cache_with_decisions_by_name() {
+    let clock = FakeClock::new();
+    let remote = Remote::new(&clock);
+    let cache = DenyCache::new(remote.clone());
+    let scope = cache.prepare(AT).expect("the cache prepares every tier");
+    let bands = [Quota::per_minute(1)];
+    assert!(decide_in(&scope, &bands, Op::Charge(1), &clock).allowed);
+    let denied = decide_in(&scope, &bands, Op::Charge(1), &clock);
+    assert_eq!((denied.allowed, denied.source), (false, DecisionSource::Storage));
+    assert_eq!((remote.calls(), cache.len()), (2, 1));
+    // by name: the entry the prepared tier made answers
+    let cached = decide(&cache, &bands, Op::Charge(1), &clock);
+    assert_eq!(cached.source, DecisionSource::DenyCache);
+    assert_eq!(cached, decide_in(&scope, &bands, Op::Charge(1), &clock));
+    assert_eq!(remote.calls(), 2);
+    // a refund by name drops the entry the prepared tier reads
+    decide(&cache, &bands, Op::Refund(1), &clock);
+    assert!(cache.is_empty());
+    let after = decide_in(&scope, &bands, Op::Charge(1), &clock);
+    assert_eq!((after.allowed, after.source), (true, DecisionSource::Storage));
+    assert_eq!(remote.calls(), 4);
+}

@@ -125,7 +125,7 @@ impl<S: Storage> FallbackBuilder<S> {
     /// The storage.
     pub fn build(self) -> Fallback<S> {
         Fallback {
-            primary: self.primary,
+            primary: Arc::new(self.primary),
             shared: Arc::new(Shared {
                 local: self.local.unwrap_or_default(),
                 share: self.share,

@@ -1,5 +1,6 @@
 //! Answering locally: the local limiter with the instance's share of each
-//! quota, and what a decision needs to be answered there later.
+//! quota, where it keeps a tier, and what a decision needs to be answered
+//! there later.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,47 +12,51 @@ use super::Shared;
 use crate::clock::Clock;
 use crate::quota::Quota;
 use crate::storage::{
-    Decision, DecisionSource, MAX_BANDS, Op, Slots, Storage, StorageError, StorageErrorKind, StorageKey,
+    Decision, DecisionSource, MAX_BANDS, Op, ScopeKey, Slots, Storage, StorageError, StorageErrorKind,
+    TierScope,
 };
 
 impl Shared {
-    /// [`Shared::answer_locally`] for a decision the primary failed.
-    pub(super) fn answer_call(&self, call: &Call, epoch: u64) -> Result<Decision, StorageError> {
-        self.answer_locally(call.key(), &call.bands, call.op, &call.clock, epoch)
-    }
-
-    /// The local limiter's decision, with every band scaled to the share,
-    /// in the state of spell `epoch`.
+    /// The local limiter's decision of `call` in the tier `local`, with
+    /// every band scaled to the share, in the state of spell `epoch`.
     pub(super) fn answer_locally(
         &self,
-        key: StorageKey<'_>,
-        bands: &[Quota],
-        op: Op,
-        clock: &Arc<dyn Clock>,
+        local: Local<'_>,
+        call: Call<'_>,
         epoch: u64,
     ) -> Result<Decision, StorageError> {
+        let bands_out_of_range =
+            || StorageError::new(StorageErrorKind::Other, "a decision needs 1 to MAX_BANDS bands");
+        if call.bands.is_empty() {
+            return Err(bands_out_of_range());
+        }
+        // A customer's own bands come with each decision: they are scaled
+        // here, never kept per distinct quota.
         let mut scaled = ArrayVec::<Quota, MAX_BANDS>::new();
-        for quota in bands {
-            scaled.try_push(scale(quota, self.share)).map_err(|_| {
-                StorageError::new(StorageErrorKind::Other, "a decision needs 1 to MAX_BANDS bands")
-            })?;
+        for quota in call.bands {
+            scaled
+                .try_push(scale(quota, self.share))
+                .map_err(|_| bands_out_of_range())?;
         }
         // The spell's state under keys of its own (the epoch before the
-        // user id), in the storage's scope of the tier: a new spell starts
-        // afresh, and the sweep removes an old spell's keys.
-        let mut user = String::with_capacity(21 + key.user.len());
+        // user id), in the local limiter's scope of the tier: a new spell
+        // starts afresh, and the sweep removes an old spell's keys.
+        let mut user = String::with_capacity(21 + call.user.len());
         user.push_str(itoa::Buffer::new().format(epoch));
         user.push(':');
-        user.push_str(key.user);
-        let local_key = StorageKey { user: &user, ..key };
-        let op = match op {
+        user.push_str(call.user);
+        let op = match call.op {
             Op::Acquire { cost, slots } => Op::Acquire {
                 cost,
                 slots: scale_slots(slots, self.share),
             },
             op => op,
         };
-        match self.local.decide(local_key, &scaled, op, clock).into_ready() {
+        let decided = match local {
+            Local::Prepared(scope) => scope.decide(&user, &scaled, op, call.clock),
+            Local::Named(at) => self.local.decide(at.user(&user), &scaled, op, call.clock),
+        };
+        match decided.into_ready() {
             Ok(decided) => decided.map(|d| d.with_source(DecisionSource::Fallback)),
             Err(_) => Err(StorageError::new(
                 StorageErrorKind::Other,
@@ -83,48 +88,109 @@ pub(super) fn scale_slots(slots: Slots, share: f64) -> Slots {
     Slots { limit, ..slots }
 }
 
-/// What answering a failed decision locally needs, owned (the primary's
-/// answer may come later).
-pub(super) struct Call {
-    /// namespace, tier and user, one after the other.
-    text: SmallVec<[u8; 96]>,
-    namespace: usize,
-    tier: usize,
+/// Where the local limiter keeps a tier.
+#[derive(Clone, Copy)]
+pub(super) enum Local<'a> {
+    /// Its scope, prepared with the tier.
+    Prepared(&'a Arc<dyn TierScope>),
+    /// Its names, for a decision by name.
+    Named(ScopeKey<'a>),
+}
+
+impl Local<'_> {
+    /// The same, owned, for a decision waiting for the primary.
+    pub(super) fn keep(self) -> KeptLocal {
+        match self {
+            Local::Prepared(scope) => KeptLocal::Prepared(scope.clone()),
+            Local::Named(at) => KeptLocal::Named(Text::new([at.namespace, at.tier])),
+        }
+    }
+}
+
+/// A [`Local`] owned.
+pub(super) enum KeptLocal {
+    Prepared(Arc<dyn TierScope>),
+    /// The namespace and the tier.
+    Named(Text<2>),
+}
+
+impl KeptLocal {
+    pub(super) fn local(&self) -> Local<'_> {
+        match self {
+            KeptLocal::Prepared(scope) => Local::Prepared(scope),
+            KeptLocal::Named(names) => {
+                let [namespace, tier] = names.parts();
+                Local::Named(ScopeKey { namespace, tier })
+            }
+        }
+    }
+}
+
+/// One decision of a tier's user: what answering it locally needs.
+#[derive(Clone, Copy)]
+pub(super) struct Call<'a> {
+    pub(super) user: &'a str,
+    pub(super) bands: &'a [Quota],
+    pub(super) op: Op,
+    pub(super) clock: &'a Arc<dyn Clock>,
+}
+
+impl Call<'_> {
+    /// The same, owned, for a decision waiting for the primary.
+    pub(super) fn keep(self) -> KeptCall {
+        KeptCall {
+            user: Text::new([self.user]),
+            // none when there are too many: answered locally, an error
+            bands: ArrayVec::try_from(self.bands).unwrap_or_default(),
+            op: self.op,
+            clock: self.clock.clone(),
+        }
+    }
+}
+
+/// A [`Call`] owned.
+pub(super) struct KeptCall {
+    user: Text<1>,
     bands: ArrayVec<Quota, MAX_BANDS>,
     op: Op,
     clock: Arc<dyn Clock>,
 }
 
-impl Call {
-    pub(super) fn new(key: StorageKey<'_>, bands: &[Quota], op: Op, clock: &Arc<dyn Clock>) -> Self {
-        let mut text = SmallVec::new();
-        for part in [key.namespace, key.tier, key.user] {
-            text.extend_from_slice(part.as_bytes());
-        }
+impl KeptCall {
+    pub(super) fn call(&self) -> Call<'_> {
+        let [user] = self.user.parts();
         Call {
-            text,
-            namespace: key.namespace.len(),
-            tier: key.tier.len(),
-            bands: bands.iter().take(MAX_BANDS).copied().collect(),
-            op,
-            clock: clock.clone(),
+            user,
+            bands: &self.bands,
+            op: self.op,
+            clock: &self.clock,
         }
     }
+}
 
-    /// The time now on the decision's clock.
-    pub(super) fn now(&self) -> crate::clock::Nanos {
-        self.clock.now()
+/// `N` strings, one after the other, kept inline while short.
+pub(super) struct Text<const N: usize> {
+    bytes: SmallVec<[u8; 48]>,
+    ends: [usize; N],
+}
+
+impl<const N: usize> Text<N> {
+    fn new(parts: [&str; N]) -> Self {
+        let mut bytes = SmallVec::new();
+        let ends = parts.map(|part| {
+            bytes.extend_from_slice(part.as_bytes());
+            bytes.len()
+        });
+        Text { bytes, ends }
     }
 
-    pub(super) fn key(&self) -> StorageKey<'_> {
-        let (namespace, rest) = self.text.split_at(self.namespace);
-        let (tier, user) = rest.split_at(self.tier);
-        // Each part was a `&str`, cut at its own boundaries.
-        let text = |bytes| std::str::from_utf8(bytes).unwrap_or_default();
-        StorageKey {
-            namespace: text(namespace),
-            tier: text(tier),
-            user: text(user),
-        }
+    fn parts(&self) -> [&str; N] {
+        let mut start = 0;
+        self.ends.map(|end| {
+            // Each part was a `&str`, cut at its own boundaries.
+            let part = std::str::from_utf8(&self.bytes[start..end]).unwrap_or_default();
+            start = end;
+            part
+        })
     }
 }

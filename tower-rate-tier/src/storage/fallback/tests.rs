@@ -440,3 +440,4 @@ fn each_switch_is_logged_once() {
 }
 
 mod flaps;
+mod prepared;

@@ -241,7 +241,7 @@ use std::time::Duration;
 use redis::aio::ConnectionManager;
 use redis::cluster::ClusterClient;
 
-use super::deny_cache::DenyTable;
+use super::deny_cache::{DenyTable, encode};
 use super::{Decide, Op, Storage, StorageError, StorageKey};
 use crate::clock::Clock;
 use crate::quota::Quota;
@@ -474,7 +474,7 @@ impl Storage for RedisStorage {
             // limiter's, or this storage's own in test mode.
             Some(table) => {
                 let now = self.inner.clock.as_ref().unwrap_or(clock).now();
-                table.guard(key, bands, op, now, || self.send(key, bands, op))
+                table.guard(encode(key), bands, op, now, || self.send(key, bands, op))
             }
             None => self.send(key, bands, op),
         }

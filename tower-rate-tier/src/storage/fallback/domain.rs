@@ -1,0 +1,101 @@
+//! Failure domains: where each domain's decisions go (the primary, the
+//! local limiter, a probe, a trial) and what a probe's answer changes. The
+//! counting of failures and recoveries, which reports switches, is the
+//! fallback's own (`Shared::failed`, `Shared::answered`).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use super::Shared;
+use crate::clock::{Clock, Nanos};
+
+/// The state of one failure domain that failed.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Domain {
+    /// Consecutive failures of the primary; 0 once it answered again.
+    pub(super) failures: u32,
+    pub(super) epoch: u64,
+    /// When the primary last answered after failures (the outage ended).
+    pub(super) ended: Nanos,
+    /// Answering locally; the next probe is due then.
+    pub(super) probe_at: Option<Nanos>,
+    /// When the probe of this spell in flight was sent: no other is sent
+    /// meanwhile.
+    pub(super) probing: Option<Nanos>,
+    /// A probe was answered: the next decision tries the primary.
+    pub(super) trial: bool,
+}
+
+/// After this many probe intervals, a probe that has not come back no longer
+/// holds up the next: the decision then due goes to the primary itself.
+const STALE_PROBE: u64 = 10;
+
+/// Where a decision goes, with the epoch of the domain's local state.
+pub(super) enum Route {
+    Primary,
+    Local(u64),
+    /// Locally, and a probe of the primary is due.
+    Probe(u64),
+    /// To the primary, as a trial: any failure is answered locally, and
+    /// only a decision the primary makes brings the domain back.
+    Trial,
+}
+
+impl Shared {
+    /// Locally while the domain has switched, except for a probe that is due.
+    pub(super) fn route(&self, domain: u64, clock: &Arc<dyn Clock>) -> Route {
+        if self.troubled.load(Ordering::Relaxed) == 0 {
+            return Route::Primary;
+        }
+        let Some(mut state) = self.domains.get_mut(&domain) else {
+            return Route::Primary;
+        };
+        let Some(due) = state.probe_at else {
+            return Route::Primary;
+        };
+        if state.trial {
+            state.trial = false;
+            return Route::Trial;
+        }
+        let now = clock.now();
+        if now < due {
+            return Route::Local(state.epoch);
+        }
+        match state.probing {
+            None => {
+                state.probe_at = Some(now.saturating_add(self.probe_every));
+                state.probing = Some(now);
+                Route::Probe(state.epoch)
+            }
+            // The probe never came back (its task never ran: a runtime
+            // that is not driven, or was shut down): this decision is the
+            // trial, so the domain cannot stay local for ever.
+            Some(sent) if now.saturating_sub(sent) >= self.probe_every.saturating_mul(STALE_PROBE) => {
+                state.probe_at = Some(now.saturating_add(self.probe_every));
+                Route::Trial
+            }
+            Some(_) => Route::Local(state.epoch),
+        }
+    }
+
+    /// A probe of spell `epoch` of `domain` ended; `answered` when the
+    /// primary answered it. A probe of an earlier spell changes nothing.
+    pub(super) fn probed(&self, domain: u64, epoch: u64, answered: bool) {
+        if let Some(mut state) = self.domains.get_mut(&domain) {
+            if state.epoch == epoch {
+                state.probing = None;
+                state.trial |= answered;
+            }
+        }
+    }
+
+    /// A trial was answered by a wrapper of the primary, not by the
+    /// primary: the next decision of `domain` is the trial.
+    pub(super) fn retry_trial(&self, domain: u64) {
+        if let Some(mut state) = self.domains.get_mut(&domain) {
+            if state.probe_at.is_some() {
+                state.trial = true;
+            }
+        }
+    }
+}
