@@ -231,10 +231,10 @@ impl RateTierBuilder {
             return Err(BuildError::InvalidName(self.namespace));
         }
         let storage = self.storage.unwrap_or_else(|| Arc::new(MemoryStorage::new()));
+        let preparer = super::Preparer::new(storage, &self.namespace);
         let mut tiers = Vec::with_capacity(self.tiers.len());
         for (name, bands) in self.tiers {
-            let scope = super::prepare(&storage, &self.namespace, &name);
-            let mut entry = TierEntry::new(name.clone(), bands, scope)?;
+            let mut entry = TierEntry::new(name.clone(), bands, &preparer)?;
             entry.shadow = self.shadowed.contains(&name);
             tiers.push(entry);
         }
@@ -261,9 +261,8 @@ impl RateTierBuilder {
             inner: Arc::new(Config {
                 table: ArcSwap::from_pointee(table),
                 on_missing: self.on_missing,
-                storage,
+                preparer,
                 clock,
-                namespace: self.namespace.into(),
                 lease: self.lease.unwrap_or(DEFAULT_CONCURRENCY_LEASE),
             }),
         })

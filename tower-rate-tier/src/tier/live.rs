@@ -58,8 +58,7 @@ impl RateTier {
     /// ```
     pub fn set_tier(&self, name: impl IntoTierName, quotas: impl IntoQuotas) -> Result<(), BuildError> {
         let name = name.into_tier_name();
-        let scope = self.prepare(&name);
-        let mut entry = TierEntry::new(name.clone(), quotas.into_quotas(), scope)?;
+        let mut entry = TierEntry::new(name.clone(), quotas.into_quotas(), self.preparer())?;
         self.inner.table.rcu(|table| {
             // a shadowed tier stays shadowed; its concurrency limit stays
             let old = table.find(&name);
@@ -158,6 +157,8 @@ impl Clone for TierEntry {
         TierEntry {
             name: self.name.clone(),
             scope: self.scope.clone(),
+            own_scope: self.own_scope.clone(),
+            preparer: self.preparer.clone(),
             bands: self.bands.clone(),
             max_cost: self.max_cost,
             unlimited: self.unlimited,

@@ -68,6 +68,12 @@ pub(crate) struct TierEntry {
     pub(crate) name: Cow<'static, str>,
     /// The storage's state of the tier, prepared when the table was built.
     pub(crate) scope: Arc<dyn TierScope>,
+    /// The storage's state of the tier's identities with quotas of their
+    /// own, kept apart from the tier's users: prepared at the first such
+    /// identity.
+    pub(crate) own_scope: std::sync::OnceLock<Arc<dyn TierScope>>,
+    /// What prepared it.
+    pub(crate) preparer: Arc<Preparer>,
     pub(crate) bands: Box<[Quota]>,
     /// The largest cost that can ever pass (the smallest burst).
     pub(crate) max_cost: u32,
@@ -93,9 +99,9 @@ struct Config {
     /// [`RateTier::remove_tier`].
     table: ArcSwap<table::Table>,
     on_missing: OnMissing,
-    storage: Arc<dyn Storage>,
+    /// The storage and the namespace, which prepare every tier.
+    preparer: Arc<Preparer>,
     clock: Arc<dyn Clock>,
-    namespace: Box<str>,
     /// How long a slot counts as in use when it is not given back.
     lease: std::time::Duration,
 }
@@ -179,7 +185,7 @@ impl RateTier {
 
     /// The key namespace of this configuration.
     pub fn namespace(&self) -> &str {
-        &self.inner.namespace
+        &self.inner.preparer.namespace
     }
 
     /// The configuration's clock.
@@ -271,9 +277,9 @@ impl RateTier {
         tier.scope.decide(user, &tier.bands, op, &self.inner.clock)
     }
 
-    /// The storage's state of the tier `name`, for a new entry of it.
-    fn prepare(&self, name: &str) -> Arc<dyn TierScope> {
-        prepare(&self.inner.storage, &self.inner.namespace, name)
+    /// What prepares the tiers of this configuration.
+    fn preparer(&self) -> &Arc<Preparer> {
+        &self.inner.preparer
     }
 
     /// The outcome of a check that [`RateTier::begin`] answers itself.
@@ -302,9 +308,44 @@ pub(crate) enum Begun {
     Answered(CheckResult),
 }
 
-/// The state of the tier `tier` of `namespace` in `storage`, prepared.
-fn prepare(storage: &Arc<dyn Storage>, namespace: &str, tier: &str) -> Arc<dyn TierScope> {
-    crate::storage::scope::prepare(storage, ScopeKey { namespace, tier })
+/// What prepares the tiers of one configuration: its storage and namespace.
+#[derive(Debug)]
+pub(crate) struct Preparer {
+    storage: Arc<dyn Storage>,
+    namespace: Box<str>,
+}
+
+impl Preparer {
+    pub(crate) fn new(storage: Arc<dyn Storage>, namespace: &str) -> Arc<Self> {
+        Arc::new(Preparer {
+            storage,
+            namespace: namespace.into(),
+        })
+    }
+
+    /// The storage's state of the tier `tier`.
+    pub(crate) fn scope(&self, tier: &str) -> Arc<dyn TierScope> {
+        let at = ScopeKey {
+            namespace: &self.namespace,
+            tier,
+        };
+        crate::storage::scope::prepare(&self.storage, at)
+    }
+}
+
+impl TierEntry {
+    /// The storage's state of this tier's identities with quotas of their
+    /// own: a bucket apart from the tier's users, under a storage name no
+    /// request can name (the tier's, with a suffix after a control
+    /// character), prepared once per tier.
+    pub(crate) fn own_scope(&self) -> &Arc<dyn TierScope> {
+        self.own_scope.get_or_init(|| {
+            let mut name = String::with_capacity(self.name.len() + 4);
+            name.push_str(&self.name);
+            name.push_str("\u{1f}own");
+            self.preparer.scope(&name)
+        })
+    }
 }
 
 impl PartialEq for TierEntry {
@@ -339,8 +380,8 @@ impl fmt::Debug for RateTier {
             .field("tiers", &tiers)
             .field("default_tier", &self.default_tier())
             .field("on_missing", &self.inner.on_missing)
-            .field("namespace", &self.inner.namespace)
-            .field("storage", &self.inner.storage)
+            .field("namespace", &self.inner.preparer.namespace)
+            .field("storage", &self.inner.preparer.storage)
             .field("clock", &self.inner.clock)
             .finish()
     }

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::num::NonZeroU32;
 use std::sync::Arc;
 
+use super::Preparer;
 use super::{BuildError, TierEntry};
 use crate::headers::TierHeaders;
 use crate::quota::Quota;
@@ -121,12 +122,23 @@ impl Table {
 }
 
 impl TierEntry {
-    /// The tier `name` with `bands`, checked.
-    /// `scope` is the storage's state of the tier.
+    /// The tier `name` with `bands`, checked, and its state prepared by
+    /// `preparer`.
     pub(crate) fn new(
         name: Cow<'static, str>,
         bands: Vec<Quota>,
-        scope: Arc<dyn TierScope>,
+        preparer: &Arc<Preparer>,
+    ) -> Result<TierEntry, BuildError> {
+        Self::new_in(name, bands, preparer, |name| preparer.scope(name))
+    }
+
+    /// [`TierEntry::new`] with the storage's state `scope` gives for its
+    /// name (called once the name and bands are checked).
+    fn new_in(
+        name: Cow<'static, str>,
+        bands: Vec<Quota>,
+        preparer: &Arc<Preparer>,
+        scope: impl FnOnce(&str) -> Arc<dyn TierScope>,
     ) -> Result<TierEntry, BuildError> {
         if name.is_empty() || name.len() > 255 {
             return Err(BuildError::InvalidName(name.into_owned()));
@@ -154,8 +166,10 @@ impl TierEntry {
         };
         Ok(TierEntry {
             headers: TierHeaders::new(&name, &bands, None),
+            scope: scope(&name),
+            own_scope: std::sync::OnceLock::new(),
+            preparer: preparer.clone(),
             name,
-            scope,
             bands,
             max_cost,
             unlimited,
@@ -176,10 +190,9 @@ impl TierEntry {
 }
 
 impl TierEntry {
-    /// `tier` with bands of one identity's own, kept under its user id in
-    /// the tier's state as the tier's own bands are (so a contract's change
-    /// keeps what a change of the tier keeps), and its concurrency limit or
-    /// one of the identity's own.
+    /// `tier` with bands of one identity's own, counted apart from the
+    /// tier's users (in the tier's [own scope](TierEntry::own_scope)), and
+    /// its concurrency limit or one of the identity's own.
     pub(crate) fn own(
         tier: &TierEntry,
         bands: Option<&[Quota]>,
@@ -187,7 +200,8 @@ impl TierEntry {
     ) -> Result<TierEntry, BuildError> {
         let mut entry = match bands {
             Some(bands) => {
-                let mut entry = TierEntry::new(tier.name.clone(), bands.to_vec(), tier.scope.clone())?;
+                let own = |_: &str| tier.own_scope().clone();
+                let mut entry = TierEntry::new_in(tier.name.clone(), bands.to_vec(), &tier.preparer, own)?;
                 entry.concurrency = None;
                 entry
             }
