@@ -108,6 +108,7 @@ impl crate::slot::SlotOwner for Charge {
 }
 
 impl Charge {
+    #[inline]
     pub(crate) fn new(
         ledger: Arc<Ledger>,
         user: String,

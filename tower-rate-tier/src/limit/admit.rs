@@ -47,6 +47,7 @@ fn own_quotas(tier: Arc<TierEntry>, own: &OwnQuotas, refusals: &Refusals) -> Arc
 
 /// The request's charge, put where route-level declarations find it: the
 /// request extensions, after those of limiters that ran before.
+#[inline]
 fn attach(
     config: &Arc<LayerConfig>,
     head: &mut impl Head,
