@@ -26,6 +26,26 @@
 //!   tiers and its decisions by name alike;
 //! * the Redis storage prepares nothing: its decisions go by name, and a
 //!   wrapper around it prepares its own part only.
+//!
+//! A prepared tier and a decision by name meet the same state:
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! use std::sync::Arc;
+//! use tower_rate_tier::Quota;
+//! use tower_rate_tier::clock::{Clock, FakeClock};
+//! use tower_rate_tier::storage::{MemoryStorage, Op, ScopeKey, Storage, StorageKey};
+//!
+//! let storage = MemoryStorage::new();
+//! let clock: Arc<dyn Clock> = Arc::new(FakeClock::new());
+//! let bands = [Quota::per_minute(1)];
+//! let free = storage.prepare(ScopeKey { namespace: "", tier: "free" }).expect("memory prepares");
+//! assert!(free.decide("ada", &bands, Op::Charge(1), &clock).await.unwrap().allowed);
+//! let by_name = StorageKey { namespace: "", tier: "free", user: "ada" };
+//! assert!(!storage.decide(by_name, &bands, Op::Charge(1), &clock).await.unwrap().allowed);
+//! # }
+//! ```
 
 use std::fmt;
 use std::sync::Arc;
