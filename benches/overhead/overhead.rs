@@ -4,7 +4,8 @@
 //!
 //! `overhead MODE N` with MODE one of `none`, `noop`, `ours`, `governor`,
 //! `governor-plain` (without `use_headers()`), `ours-ietf` (ours with the
-//! two IETF fields), `ours-none` (ours without rate-limit fields), `fields`, `fields+id` (see
+//! two IETF fields), `ours-none` (ours without rate-limit fields), `ours-unlimited`
+//! (every user on an unlimited tier), `fields`, `fields+id` (see
 //! `app`), `contracts-first`, `contracts-late` (every user on a contract of
 //! its own; `late`: after 20,000 other distinct contracts were decided), or
 //! `core-ours`, `core-governor`, `core-governor-state` (governor answering with
@@ -103,6 +104,14 @@ fn app(mode: &str) -> Router {
                 .headers(tower_rate_tier::RateLimitHeaders::IETF);
             router.layer(layer)
         }
+        // ours, every user on an unlimited tier (no storage, no fields)
+        "ours-unlimited" => {
+            let tiers = RateTier::builder()
+                .tier("free", Quota::unlimited())
+                .default_tier("free")
+                .build();
+            router.layer(TierLimitLayer::new(tiers).identifier_fn(identify))
+        }
         // ours without rate-limit fields (`RateLimitHeaders::NONE`)
         "ours-none" => {
             let tiers = RateTier::builder()
@@ -184,7 +193,7 @@ fn app(mode: &str) -> Router {
                 .map_response(insert_fields),
         ),
         other => panic!(
-            "unknown mode {other}: use none, noop, ours, ours-concurrency, ours-ietf, ours-none, governor, governor-plain, fields, fields+id, \
+            "unknown mode {other}: use none, noop, ours, ours-concurrency, ours-ietf, ours-none, ours-unlimited, governor, governor-plain, fields, fields+id, \
              contracts-first or contracts-late"
         ),
     }

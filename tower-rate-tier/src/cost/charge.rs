@@ -77,11 +77,6 @@ impl ChargeState {
             declared: None,
         }
     }
-
-    /// Let through uncounted: nothing to settle, no headers.
-    pub(crate) fn bypass() -> Self {
-        ChargeState::new(0, Source::Edge, Outcome::Bypass, false)
-    }
 }
 
 /// The limiter's handle on one request's charge, shared with route-level
@@ -95,9 +90,11 @@ pub(crate) struct Charge {
 }
 
 /// The charges of every limiter a request has passed (several when limiters
-/// are stacked), in the request extensions.
+/// are stacked), in the request extensions: `None` for a limiter whose price
+/// is final (an unlimited tier, a request let through uncounted), which a
+/// route-level declaration leaves alone.
 #[derive(Clone, Default)]
-pub(crate) struct Charges(pub(crate) SmallVec<[Arc<Charge>; 2]>);
+pub(crate) struct Charges(pub(crate) SmallVec<[Option<Arc<Charge>>; 2]>);
 
 impl crate::slot::SlotOwner for Charge {
     /// Gives back the slot of `lease`, taken under this charge's user and
@@ -411,8 +408,11 @@ impl Settlement {
         let Some(charges) = charges.filter(|c| !c.0.is_empty()) else {
             return Settlement::NoLimiter(missing_limiter(declared));
         };
-        let pending: SmallVec<[Option<u32>; 2]> =
-            charges.0.iter().map(|c| c.note(declared, source)).collect();
+        let pending: SmallVec<[Option<u32>; 2]> = charges
+            .0
+            .iter()
+            .map(|c| c.as_ref().and_then(|c| c.note(declared, source)))
+            .collect();
         if pending.iter().all(Option::is_none) {
             return Settlement::Done;
         }
@@ -428,9 +428,12 @@ impl Settlement {
             Settlement::Storage(charges, pending) => (charges, pending),
         };
         for (i, (charge, charged)) in charges.0.iter().zip(&pending).enumerate() {
-            let Some(charged) = *charged else { continue };
+            let (Some(charge), Some(charged)) = (charge, *charged) else {
+                continue;
+            };
             if let Err(refusal) = charge.settle(charged, declared, source).await {
                 for (earlier, was) in charges.0[..i].iter().zip(&pending) {
+                    let Some(earlier) = earlier else { continue };
                     let now = earlier.lock().charged;
                     let was = was.unwrap_or(now);
                     if now > was {

@@ -58,8 +58,17 @@ fn attach(
 ) -> Arc<Charge> {
     let charge = Arc::new(Charge::new(config.ledger.clone(), user, tier, route, state));
     let charges = head.extensions_mut().get_or_insert_default::<Charges>();
-    charges.0.push(charge.clone());
+    charges.0.push(Some(charge.clone()));
     charge
+}
+
+/// Marks the request as seen by a limiter whose price is final (an
+/// unlimited tier, a request let through uncounted): route-level
+/// declarations find it (so they do not fail closed) and change nothing.
+/// No charge is made: nothing to settle, no fields to add.
+fn mark_final(head: &mut impl Head) {
+    let charges = head.extensions_mut().get_or_insert_default::<Charges>();
+    charges.0.push(None);
 }
 
 /// The parts of a request head the limiter reads and writes: [`Parts`], or a
@@ -274,13 +283,12 @@ pub(crate) fn admission(
                 route_key(head)
             };
             let lease = info.slots().and_then(|s| s.lease);
+            if info.is_unlimited() && lease.is_none() {
+                mark_final(head);
+                return Admission::Pass(None, None);
+            }
             // an unlimited tier with a concurrency limit reports its slots
-            let (outcome, source) = if info.is_unlimited() && lease.is_none() {
-                (Outcome::Bypass, Source::Edge)
-            } else {
-                (Outcome::Admitted(info), source)
-            };
-            let state = ChargeState::new(cost, source, outcome, learned);
+            let state = ChargeState::new(cost, source, Outcome::Admitted(info), learned);
             let charge = attach(config, head, user, tier, route, state);
             let slot = lease.map(|lease| slot(config, &charge, lease));
             Admission::Pass(Some(charge), slot)
@@ -298,11 +306,11 @@ pub(crate) fn admission(
                 .ledger
                 .refusals
                 .check_failed(&user, &tier.name, cost, &error);
-            bypass(config, head, user, tier)
+            bypass(head)
         }
         Err(CheckError::Storage(error)) => {
             match config.ledger.refusals.storage_failed(&user, &tier.name, &error) {
-                None => bypass(config, head, user, tier),
+                None => bypass(head),
                 Some(refusal) => Admission::Refuse(refusal),
             }
         }
@@ -315,11 +323,12 @@ pub(crate) fn admission(
     }
 }
 
-/// Lets a request through uncounted, still marking it as seen by a
-/// limiter (so route-level costs do not fail closed).
-fn bypass(config: &Arc<LayerConfig>, head: &mut impl Head, user: String, tier: Arc<TierEntry>) -> Admission {
-    let charge = attach(config, head, user, tier, None, ChargeState::bypass());
-    Admission::Pass(Some(charge), None)
+/// Lets a request through uncounted (by policy, or on a storage error under
+/// `OnStorageError::Allow`), still marking it as seen by a limiter, so that
+/// route-level costs do not fail closed.
+fn bypass(head: &mut impl Head) -> Admission {
+    mark_final(head);
+    Admission::Pass(None, None)
 }
 
 /// The guard of the slot `lease` an admitted request took, counted in
@@ -404,7 +413,7 @@ fn unknown_tier(
             "the client's tier is not configured",
             serde_json::Value::Null,
         ))),
-        OnUnknownTier::Allow => Err(Admission::Pass(pass_uncounted(config, head), None)),
+        OnUnknownTier::Allow => Err(bypass(head)),
     }
 }
 
@@ -436,7 +445,7 @@ fn unidentified(
                 serde_json::Value::Null,
             ))),
         },
-        OnMissing::Allow => Err(Admission::Pass(pass_uncounted(config, head), None)),
+        OnMissing::Allow => Err(bypass(head)),
         OnMissing::Deny(status) => Err(Admission::Refuse(problem(
             status,
             "the client is not identified",
@@ -457,21 +466,6 @@ fn warn_no_address(config: &LayerConfig) {
              insert a `PeerAddr` extension per connection (logged once per layer)"
         );
     }
-}
-
-/// A request let through uncounted by policy: marked as seen by the
-/// limiter, so that route-level costs do not fail closed.
-fn pass_uncounted(config: &Arc<LayerConfig>, head: &mut impl Head) -> Option<Arc<Charge>> {
-    let tiers = &config.ledger.tiers;
-    let tier = tiers.default_entry().or_else(|| tiers.first_entry())?;
-    Some(attach(
-        config,
-        head,
-        String::new(),
-        tier,
-        None,
-        ChargeState::bypass(),
-    ))
 }
 
 /// A refusal in the request's protocol: gRPC's for gRPC requests (feature

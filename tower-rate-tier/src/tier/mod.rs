@@ -211,11 +211,6 @@ impl RateTier {
         self.inner.table.load().default_entry().cloned()
     }
 
-    /// The first tier configured now.
-    pub(crate) fn first_entry(&self) -> Option<Arc<TierEntry>> {
-        self.inner.table.load().first().cloned()
-    }
-
     /// Starts charging `cost` to `user` in `tier`: the storage's answer, or
     /// the outcome when it is known without asking (unlimited tier, invalid
     /// user id, a cost above the burst). With

@@ -77,10 +77,6 @@ impl Table {
         self.default.map(|i| &self.tiers[i])
     }
 
-    pub(crate) fn first(&self) -> Option<&Arc<TierEntry>> {
-        self.tiers.first()
-    }
-
     pub(crate) fn tiers(&self) -> &[Arc<TierEntry>] {
         &self.tiers
     }
