@@ -459,14 +459,14 @@ impl RedisStorage {
         bands: &[Quota],
         op: Op,
     ) -> Result<super::Decision, StorageError> {
-        check_bands(bands)?;
+        check_bands(bands, op)?;
         self.inner.clone().call(self.inner.args(key, bands, op)).await
     }
 }
 
 impl Storage for RedisStorage {
     fn decide(&self, key: StorageKey<'_>, bands: &[Quota], op: Op, clock: &Arc<dyn Clock>) -> Decide {
-        if let Err(e) = check_bands(bands) {
+        if let Err(e) = check_bands(bands, op) {
             return Decide::ready(Err(e));
         }
         match &self.inner.deny {
