@@ -5,7 +5,6 @@
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::time::Duration;
 //! use tower_rate_tier::{Quota, RateTier, storage::RedisStorage};
-//!
 //! let storage = RedisStorage::builder("redis://127.0.0.1:6379")
 //!     .prefix("myapp")
 //!     .hash_secret(std::env::var("RATE_LIMIT_KEY_SECRET")?)
@@ -28,7 +27,8 @@
 //! charges every band or writes nothing. Every write sets an expiry of the
 //! time until the band is full again (plus 1 ms), so keys vanish on their own.
 //! A tier with a concurrency limit takes a slot and charges the bands in one
-//! call (never batched), and gives the slot back in another.
+//! call, and gives the slot back in another; a decision with an amount per
+//! band ([`Op::Each`]: `each.lua`) is one call too. Neither is batched.
 //!
 //! **Batching** (on by default,
 //! [`batching`](RedisStorageBuilder::batching)): a decision asked for while
