@@ -73,8 +73,8 @@ pub struct BandState {
 /// The time until a band with `used` of its tolerance taken has one more
 /// unit than now: the part of `used` that is not a whole interval, or a
 /// whole interval; 0 when nothing is used (the band is full). Any time unit,
-/// as long as both are in it. For a band that may be in debt, see
-/// [`next_unit_in`].
+/// as long as both are in it. Not for a band in debt (`used` beyond the
+/// tolerance): that one has a unit again after its debt and one interval.
 #[inline]
 pub(crate) fn next_unit_after(used: u64, interval: u64) -> u64 {
     if used == 0 || interval == 0 {
@@ -84,16 +84,6 @@ pub(crate) fn next_unit_after(used: u64, interval: u64) -> u64 {
         0 => interval,
         part => part,
     }
-}
-
-/// [`next_unit_after`] for a band of tolerance `tolerance` that may be in
-/// debt (`used` beyond it): then the time until it has one unit again.
-#[inline]
-pub(crate) fn next_unit_in(used: u64, interval: u64, tolerance: u64) -> u64 {
-    if used > tolerance && interval > 0 {
-        return (used - tolerance).saturating_add(interval);
-    }
-    next_unit_after(used, interval)
 }
 
 /// The outcome of [`decide`] for one band.

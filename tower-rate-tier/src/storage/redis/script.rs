@@ -321,7 +321,7 @@ pub(super) fn decode(value: Value, spans: &[[u64; 3]]) -> Result<Decision, Stora
             },
             reset_after_ns: micros_to_nanos(band[1]),
             retry_after_ns: micros_to_nanos(band[2]),
-            more_after_ns: crate::gcra::next_unit_in(used, span[0], span[1]).saturating_mul(1_000),
+            more_after_ns: next_unit_in(used, span[0], span[1]).saturating_mul(1_000),
             debt_ns: used.saturating_sub(span[1]).saturating_mul(1_000),
             forgiven: if each {
                 u32::try_from(forgiven).unwrap_or(0)
@@ -331,6 +331,16 @@ pub(super) fn decode(value: Value, spans: &[[u64; 3]]) -> Result<Decision, Stora
         });
     }
     Ok(Decision::new(reply[0] == 1, micros_to_nanos(reply[1]), states))
+}
+
+/// The time until a band of `interval` and `tolerance` with `used` taken
+/// has one more unit: for a band in debt (`used` beyond the tolerance),
+/// until it has one unit again, as `gcra` reports it.
+fn next_unit_in(used: u64, interval: u64, tolerance: u64) -> u64 {
+    if used > tolerance && interval > 0 {
+        return (used - tolerance).saturating_add(interval);
+    }
+    crate::gcra::next_unit_after(used, interval)
 }
 
 pub(super) fn bad_reply() -> StorageError {
@@ -371,6 +381,19 @@ mod tests {
         assert!(decode(ints(&[1, 2, 3]), &spans[..1]).is_err());
         assert!(decode(Value::Nil, &spans[..1]).is_err());
         assert!(decode(Value::Array(vec![Value::Int(1), Value::Nil]), &[]).is_err());
+    }
+
+    #[test]
+    fn a_band_in_debt_has_a_unit_after_its_debt_and_one_interval() {
+        assert_eq!(next_unit_in(5, 2, 4), 3);
+        assert_eq!(next_unit_in(3, 2, 4), 1);
+        let d = decode(ints(&[1, 5, 0, 7_000, 0, 0]), &[[1_000, 5_000, 1_000]]).unwrap();
+        assert_eq!(
+            (d.bands[0].debt_ns, d.bands[0].more_after_ns),
+            (2_000_000, 3_000_000)
+        );
+        let d = decode(ints(&[1, 5, 0, 5_000, 0, 4]), &[[1_000, 5_000, 1_000]]).unwrap();
+        assert_eq!((d.bands[0].debt_ns, d.bands[0].forgiven), (0, 4));
     }
 
     #[test]
