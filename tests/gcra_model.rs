@@ -390,3 +390,142 @@ fn the_nominal_model_refuses_over_admission() {
     nominal.refill(1);
     assert!(nominal.take(1));
 }
+
+// ---------------------------------------------------------------------------
+// 3. Amounts per band with debt (`storage::Op::Each`), through
+//    `MemoryStorage`, against a token bucket whose level may go below zero
+//    down to `-debt × I` (the band's debt bound) and only by a forced
+//    charge.
+
+use std::sync::Arc;
+use tower_rate_tier::clock::Clock;
+use tower_rate_tier::storage::{Amount, Amounts, Op as StorageOp, Storage, StorageKey};
+
+/// A band's bucket with debt: `level` in nanoseconds of `tokens × I`,
+/// between `-floor` and `capacity`.
+#[derive(Debug, Clone, Copy)]
+struct DebtBucket {
+    interval: i128,
+    capacity: i128,
+    floor: i128,
+    level: i128,
+}
+
+impl DebtBucket {
+    fn new(q: &Quota, debt: u32) -> Self {
+        let interval = i128::from(q.emission_interval_nanos());
+        let capacity = interval * i128::from(q.burst());
+        DebtBucket {
+            interval,
+            capacity,
+            floor: interval * i128::from(debt),
+            level: capacity,
+        }
+    }
+
+    fn refill(&mut self, ns: u64) {
+        self.level = (self.level + i128::from(ns)).min(self.capacity);
+    }
+
+    /// Whether `amount` is admitted here.
+    fn admits(&self, amount: Amount) -> bool {
+        match amount {
+            Amount::Charge(0) => true,
+            Amount::Charge(n) => self.level >= self.interval * i128::from(n),
+            Amount::Require => self.level >= self.interval,
+            _ => true,
+        }
+    }
+
+    /// Applies an admitted `amount`; the units forgiven.
+    fn apply(&mut self, amount: Amount) -> u32 {
+        match amount {
+            Amount::Charge(n) => self.level -= self.interval * i128::from(n),
+            Amount::Refund(n) => self.level = (self.level + self.interval * i128::from(n)).min(self.capacity),
+            Amount::Force(n) => {
+                let wanted = self.level - self.interval * i128::from(n);
+                self.level = wanted.max(-self.floor);
+                return u32::try_from((self.level - wanted) / self.interval).unwrap();
+            }
+            _ => {}
+        }
+        0
+    }
+
+    fn remaining(&self) -> u32 {
+        u32::try_from(self.level.max(0) / self.interval).unwrap()
+    }
+
+    fn debt_ns(&self) -> u64 {
+        u64::try_from((-self.level).max(0)).unwrap()
+    }
+}
+
+fn amount() -> impl Strategy<Value = Amount> {
+    prop_oneof![
+        3 => (0u32..4).prop_map(Amount::Charge),
+        3 => Just(Amount::Require),
+        3 => (0u32..60).prop_map(Amount::Force),
+        1 => (0u32..20).prop_map(Amount::Refund),
+    ]
+}
+
+/// Bands with their debt bounds, and steps: a wait, then one amount per band.
+type DebtCase = (Vec<(Spec, u32)>, Vec<(u64, Vec<Amount>)>);
+
+fn debt_case() -> impl Strategy<Value = DebtCase> {
+    prop::collection::vec((spec(), 0u32..30), 1..=3).prop_flat_map(|bands| {
+        let n = bands.len();
+        let refill = bands
+            .iter()
+            .map(|(s, _)| s.quota.refill_nanos())
+            .max()
+            .unwrap_or(1);
+        let step = (
+            prop_oneof![2 => Just(0u64), 3 => 0..=refill / 4],
+            prop::collection::vec(amount(), n),
+        );
+        (Just(bands), prop::collection::vec(step, 1..48))
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(CASES / 2))]
+
+    /// Every decision is all or nothing, admitted exactly when every charge
+    /// fits and every requirement holds, a debt never goes beyond its bound
+    /// nor is wiped by a later decision, and each band reports the model's
+    /// remaining units, debt and forgiven units.
+    #[test]
+    fn amounts_per_band_match_a_token_bucket_with_bounded_debt((bands, steps) in debt_case()) {
+        let clock = FakeClock::new();
+        let dyn_clock: Arc<dyn Clock> = Arc::new(clock.clone());
+        let storage = MemoryStorage::new();
+        let quotas: Vec<Quota> = bands.iter().map(|(s, _)| s.quota).collect();
+        let mut model: Vec<DebtBucket> = bands.iter().map(|(s, d)| DebtBucket::new(&s.quota, *d)).collect();
+        let key = StorageKey { namespace: "", tier: "units", user: "u" };
+        for (wait, amounts) in &steps {
+            clock.advance(Duration::from_nanos(*wait));
+            model.iter_mut().for_each(|b| b.refill(*wait));
+            let mut each = Amounts::new();
+            for (amount, (_, debt)) in amounts.iter().zip(&bands) {
+                each = each.with_debt(*amount, *debt);
+            }
+            let d = ready(storage.decide(key, &quotas, StorageOp::Each(each), &dyn_clock)).unwrap();
+            let admits = model.iter().zip(amounts).all(|(b, a)| b.admits(*a));
+            prop_assert_eq!(d.allowed, admits, "{:?}", amounts);
+            for (i, (bucket, amount)) in model.iter_mut().zip(amounts).enumerate() {
+                let forgiven = if admits { bucket.apply(*amount) } else { 0 };
+                let state = d.bands[i];
+                prop_assert_eq!(state.remaining, bucket.remaining(), "band {}", i);
+                prop_assert_eq!(state.debt_ns, bucket.debt_ns(), "band {}", i);
+                prop_assert_eq!(state.forgiven, forgiven, "band {}", i);
+                prop_assert_eq!(
+                    u128::try_from(bucket.capacity - bucket.level).unwrap(),
+                    u128::from(state.reset_after_ns),
+                    "band {}", i
+                );
+            }
+        }
+    }
+}

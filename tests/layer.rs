@@ -68,7 +68,7 @@ struct Counting {
 impl Storage for Counting {
     fn decide(&self, key: StorageKey<'_>, bands: &[Quota], op: Op, clock: &Arc<dyn Clock>) -> Decide {
         let counter = match op {
-            Op::Charge(_) | Op::Acquire { .. } => &self.checks,
+            Op::Charge(_) | Op::Acquire { .. } | Op::Each(_) => &self.checks,
             Op::Refund(_) => &self.refunds,
             Op::Release(_) => return self.inner.decide(key, bands, op, clock),
         };

@@ -15,6 +15,8 @@ mod cluster_batching;
 mod concurrency;
 #[path = "redis/deny_cache.rs"]
 mod deny_cache;
+#[path = "redis/each.rs"]
+mod each;
 #[path = "redis/exactness.rs"]
 mod exactness;
 #[path = "redis/failures.rs"]

@@ -316,12 +316,14 @@ mod tests {
                 reset_after_ns: 1,
                 retry_after_ns: 0,
                 more_after_ns: 1,
+                ..BandState::default()
             },
             BandState {
                 remaining: 100,
                 reset_after_ns: 0,
                 retry_after_ns: 0,
                 more_after_ns: 0,
+                ..BandState::default()
             },
         ];
         // a full band has no `t`
@@ -337,12 +339,14 @@ mod tests {
                 reset_after_ns: 1_000_000_000,
                 retry_after_ns: 200_000_000,
                 more_after_ns: 200_000_000,
+                ..BandState::default()
             },
             BandState {
                 remaining: 90,
                 reset_after_ns: 10 * 864_000_000_000,
                 retry_after_ns: 0,
                 more_after_ns: 864_000_000_000,
+                ..BandState::default()
             },
         ];
         assert_eq!(
@@ -363,6 +367,7 @@ mod tests {
             reset_after_ns: 3_000_000_000,
             retry_after_ns: 0,
             more_after_ns: 3_000_000_000,
+            ..BandState::default()
         };
         assert_eq!(
             h.ratelimit(&[state], true, Some(1)).unwrap(),

@@ -32,6 +32,11 @@
 //! a sweep is simply not cached. Only decisions the storage itself made are
 //! kept ([`DecisionSource::Storage`]), never a fallback's.
 //!
+//! An amount per band ([`Op::Each`]) is answered from the cache only when
+//! the entry denies it with each band's debt bound (a requirement on a band
+//! in debt, a charge that does not fit); one that forces or refunds a band
+//! always reaches the storage, and a refund drops the key's entry.
+//!
 //! Concurrency limits: a refusal for want of a free slot is never kept (a
 //! slot comes free when a request ends, which no time in the cache tells),
 //! and a release always reaches the storage. A request that would take a
@@ -73,8 +78,8 @@ use dashmap::DashMap;
 use smallvec::SmallVec;
 
 use super::{
-    BandName, Decide, Decision, DecisionSource, MAX_BANDS, Op, ScopeKey, Storage, StorageKey, TierScope,
-    band_names, decide_bands,
+    Amount, BandName, Decide, Decision, DecisionSource, MAX_BANDS, Op, ScopeKey, Storage, StorageKey,
+    TierScope, band_names, decide_bands,
 };
 use crate::clock::{Clock, Nanos};
 use crate::quota::Quota;
@@ -251,7 +256,7 @@ impl DenyTable {
             // A rate the cache knows spent refuses a request that would
             // take a slot too (it takes none).
             Op::Charge(cost) | Op::Acquire { cost, .. } if cost > 0 => {
-                if let Some(denied) = self.check(&name, bands, cost, now) {
+                if let Some(denied) = self.check(&name, bands, Op::Charge(cost), now) {
                     return Decide::ready(Ok(denied));
                 }
             }
@@ -260,6 +265,23 @@ impl DenyTable {
             Op::Refund(_) => {
                 self.forget(&name);
                 return forward();
+            }
+            // Refunded bands: forgotten as a refund is.
+            Op::Each(amounts) if amounts.iter().any(|(a, _)| matches!(a, Amount::Refund(_))) => {
+                self.forget(&name);
+                return forward();
+            }
+            // A forced charge always reaches the storage (its answer
+            // refreshes the key's entry, if it has one).
+            Op::Each(amounts) if amounts.moves_regardless() => {}
+            // Charges and requirements, each band with its debt bound: the
+            // entry's lower bound of the state denies only what the storage
+            // would deny (a requirement on a band in debt, a charge that
+            // does not fit).
+            Op::Each(_) => {
+                if let Some(denied) = self.check(&name, bands, op, now) {
+                    return Decide::ready(Ok(denied));
+                }
             }
         }
         let Ok(kept) = ArrayVec::<Quota, MAX_BANDS>::try_from(bands) else {
@@ -274,8 +296,9 @@ impl DenyTable {
         })
     }
 
-    /// The cached denial of `cost` on `key` at `now`, if the entry denies it.
-    fn check(&self, name: &[u8], bands: &[Quota], cost: u32, now: Nanos) -> Option<Decision> {
+    /// The cached denial of `op` (a charge, or charges and requirements) on
+    /// `key` at `now`, if the entry denies it.
+    fn check(&self, name: &[u8], bands: &[Quota], op: Op, now: Nanos) -> Option<Decision> {
         let entry = *self.map.get(name)?;
         if now >= entry.expires {
             self.forget_expired(name, now);
@@ -288,7 +311,7 @@ impl DenyTable {
         // storage reported is still a lower bound.
         let now = now.max(entry.sent_at);
         let mut tats = entry.tats;
-        let decision = decide_bands(&mut tats[..bands.len()], now, bands, Op::Charge(cost));
+        let decision = decide_bands(&mut tats[..bands.len()], now, bands, op);
         if decision.allowed {
             return None;
         }

@@ -26,7 +26,7 @@
 //!   without trying the primary, so they cost no timeout.
 //! * **Probe and return.** While answering locally, the first decision after
 //!   each [`probe_interval`](FallbackBuilder::probe_interval) (default 1 s)
-//!   sends the primary a probe in the background: a peek (`Op::Charge(0)`,
+//!   sends the primary a probe in the background: a peek ([`Op::peek`],
 //!   which changes nothing) of the same key, in a task of its own, while
 //!   the decision itself is answered locally at once; one probe per failure
 //!   domain is in flight at a time (a probe that has not come back after 10
@@ -71,7 +71,8 @@
 //! the configured burst; `Remaining` and the reset count from the share.
 //! A concurrency limit is scaled the same way (`ceil(limit × share)` slots,
 //! at least 1); a slot taken locally and still held when the primary is
-//! back is left to its lease.
+//! back is left to its lease. An [`Op::Each`] is decided locally as the
+//! same op, its debt bounds scaled as bursts are (`ceil(debt × share)`).
 //! The local state of an outage starts empty: during an outage a client
 //! gets up to its share, whatever it had used in the primary. An outage
 //! that starts within [`continue_within`](FallbackBuilder::continue_within)
@@ -272,7 +273,7 @@ impl Shared {
             Route::Local(epoch) => return Decide::ready(self.answer_locally(local, call, epoch)),
             Route::Probe(epoch) => match tokio::runtime::Handle::try_current() {
                 Ok(runtime) => {
-                    self.probe(&runtime, domain, epoch, primary(Op::Charge(0)));
+                    self.probe(&runtime, domain, epoch, primary(call.op.peek()));
                     return Decide::ready(self.answer_locally(local, call, epoch));
                 }
                 // Outside a runtime there is no task to probe in: this

@@ -1,7 +1,8 @@
 //! Where GCRA state lives.
 //!
 //! A [`Storage`] has one method, [`Storage::decide`]: it carries out one
-//! [`Op`] (charge `n`, peek, refund `n`) on every band of one key, atomically,
+//! [`Op`] (charge `n`, peek, refund `n`, or an amount per band) on the bands
+//! of one key, atomically,
 //! and answers with a [`Decision`]. A charge either admits the request in
 //! every band and charges every band, or writes nothing. The call receives the
 //! limiter's clock: a storage that runs the GCRA in process decides with it
@@ -20,6 +21,12 @@
 //! answers an `Acquire` as a charge ([`decide_bands`] does), and the limiter
 //! then treats a tier with a concurrency limit as a storage failure rather
 //! than letting it pass uncounted.
+//!
+//! A decision with an amount per band is an [`Op::Each`] (see [`amount`]):
+//! charge the request bands, require at least one unit and no debt in
+//! others, force a charge into a bounded debt, refund, all in one atomic
+//! decision. [`decide_bands`] carries it out for a storage that keeps its
+//! own state; a wrapper passes it on like any operation.
 //!
 //! [`MemoryStorage`] is the default. The Redis storage (feature `redis`,
 //! `RedisStorage`) shares one quota between many processes.
@@ -73,7 +80,9 @@ use std::task::{Context, Poll};
 use crate::clock::{Clock, Nanos};
 use crate::quota::Quota;
 
+pub mod amount;
 mod band;
+mod decide;
 pub mod deny_cache;
 mod error;
 pub mod fallback;
@@ -83,8 +92,10 @@ pub mod redis;
 pub mod scope;
 pub mod slots;
 
+pub use self::amount::{Amount, Amounts};
 pub(crate) use self::band::window_ms;
 pub use self::band::{BandName, band_names};
+pub use self::decide::decide_bands;
 pub use self::deny_cache::DenyCache;
 pub use self::error::{StorageError, StorageErrorKind};
 pub use self::fallback::{Fallback, FallbackBuilder};
@@ -131,14 +142,43 @@ pub enum Op {
     /// Give back the slot of a [`Lease`] an [`Op::Acquire`] took; no band
     /// changes (the answer's band states may be empty).
     Release(Lease),
+    /// An [`Amount`] per band, in the bands' order, each with the debt its
+    /// band may be in: charge some bands, only require others, force or
+    /// refund others, in one decision. Admitted when every
+    /// [`Amount::Charge`] fits and every [`Amount::Require`] holds (a
+    /// [`Amount::Force`] never refuses); when refused, nothing is written
+    /// (bar the clamps) and no band is forced or refunded. See [`amount`].
+    Each(Amounts),
 }
 
 impl Op {
-    /// The units the operation moves in the bands.
+    /// The units the operation moves in every band; 0 for an
+    /// [`Op::Each`], whose bands each move their own ([`Op::band`]).
     pub fn units(self) -> u32 {
         match self {
             Op::Charge(n) | Op::Refund(n) | Op::Acquire { cost: n, .. } => n,
-            Op::Release(_) => 0,
+            Op::Release(_) | Op::Each(_) => 0,
+        }
+    }
+
+    /// What the operation does to band `i`, and the debt that band may be
+    /// in (0 but for an [`Op::Each`]'s bands given a debt bound).
+    pub fn band(self, i: usize) -> (Amount, u32) {
+        match self {
+            Op::Charge(n) | Op::Acquire { cost: n, .. } => (Amount::Charge(n), 0),
+            Op::Refund(n) => (Amount::Refund(n), 0),
+            Op::Release(_) => (Amount::Charge(0), 0),
+            Op::Each(amounts) => amounts.get(i),
+        }
+    }
+
+    /// A peek at the same bands: [`Op::Charge`]`(0)`, or for an
+    /// [`Op::Each`] each band peeked with its debt bound (so that a band in
+    /// debt is not clamped back).
+    pub fn peek(self) -> Op {
+        match self {
+            Op::Each(amounts) => Op::Each(amounts.peek()),
+            _ => Op::Charge(0),
         }
     }
 
@@ -377,103 +417,5 @@ impl<S: Storage + ?Sized> Storage for Box<S> {
 
     fn prepare(&self, at: ScopeKey<'_>) -> Option<Arc<dyn TierScope>> {
         (**self).prepare(at)
-    }
-}
-
-/// The GCRA over one key's stored times: carries out `op` at `now` on every
-/// band, updating `tats` (one per band, `None` for a fresh state) in place,
-/// all or nothing. For storages that keep the times themselves.
-///
-/// When a charge is denied, nothing is charged and every band reports its
-/// state unchanged; the only writes left are the clamps of times more than a
-/// full refill ahead (a clock that moved backwards), which bound the lock-out
-/// to one refill.
-///
-/// ```
-/// use tower_rate_tier::Quota;
-/// use tower_rate_tier::storage::{Op, decide_bands};
-///
-/// let bands = [Quota::per_second(2)];
-/// let mut tats = [None];
-/// assert!(decide_bands(&mut tats, 0, &bands, Op::Charge(2)).allowed);
-/// let denied = decide_bands(&mut tats, 0, &bands, Op::Charge(1));
-/// assert_eq!((denied.allowed, denied.bands[0].retry_after_ns), (false, 500_000_000));
-/// decide_bands(&mut tats, 0, &bands, Op::Refund(2));
-/// assert_eq!(tats, [None]);
-/// ```
-#[inline]
-pub fn decide_bands(tats: &mut [Option<Nanos>], now: Nanos, bands: &[Quota], op: Op) -> Decision {
-    let op = op.on_bands();
-    if let ([tat], [quota], Op::Charge(cost)) = (&mut *tats, bands, op) {
-        // One band: its decision is the whole decision.
-        let d = crate::gcra::decide(*tat, now, quota, cost);
-        if d.new_tat.is_some() {
-            *tat = d.new_tat;
-        }
-        return Decision::new(d.allowed, now, d.state.into());
-    }
-    decide_many(tats, now, bands, op)
-}
-
-/// [`decide_bands`] for a refund, or for several bands.
-fn decide_many(tats: &mut [Option<Nanos>], now: Nanos, bands: &[Quota], op: Op) -> Decision {
-    let cost = match op.on_bands() {
-        Op::Charge(cost) | Op::Acquire { cost, .. } => cost,
-        Op::Release(_) => 0,
-        Op::Refund(units) => {
-            for (tat, quota) in tats.iter_mut().zip(bands) {
-                *tat = crate::gcra::refund(*tat, now, quota, units);
-            }
-            let states = tats
-                .iter()
-                .zip(bands)
-                .map(|(tat, quota)| crate::gcra::decide(*tat, now, quota, 0).state)
-                .collect();
-            return Decision::new(true, now, states);
-        }
-    };
-    let mut writes = [None; MAX_BANDS];
-    let mut states = BandStates::new();
-    let mut allowed = true;
-    for ((tat, quota), write) in tats.iter().zip(bands).zip(&mut writes) {
-        let d = crate::gcra::decide(*tat, now, quota, cost);
-        allowed &= d.allowed;
-        *write = d.new_tat;
-        states.push(d.state);
-    }
-    if !allowed {
-        // A band that denied wrote at most its clamp; one that would have
-        // admitted reports (and clamps) as a peek.
-        for (((state, write), tat), quota) in states.iter_mut().zip(&mut writes).zip(&*tats).zip(bands) {
-            if state.retry_after_ns == 0 {
-                let peek = crate::gcra::decide(*tat, now, quota, 0);
-                *state = peek.state;
-                *write = peek.new_tat;
-            }
-        }
-    }
-    for (tat, write) in tats.iter_mut().zip(writes) {
-        if write.is_some() {
-            *tat = write;
-        }
-    }
-    Decision::new(allowed, now, states)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_denied_charge_writes_nothing_but_clamps() {
-        let bands = [Quota::per_second(1), Quota::per_second(10)];
-        let mut tats = [None, None];
-        assert!(decide_bands(&mut tats, 0, &bands, Op::Charge(1)).allowed);
-        let before = tats;
-        let denied = decide_bands(&mut tats, 0, &bands, Op::Charge(1));
-        assert!(!denied.allowed);
-        assert_eq!(tats, before);
-        assert_eq!(denied.bands[1].remaining, 9);
-        assert_eq!(denied.bands[1].retry_after_ns, 0);
     }
 }

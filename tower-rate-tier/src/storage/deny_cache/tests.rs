@@ -289,3 +289,95 @@ fn a_tier_prepared_over_a_storage_that_prepares_none_shares_the_cache_with_decis
     assert_eq!((after.allowed, after.source), (true, DecisionSource::Storage));
     assert_eq!(remote.calls(), 4);
 }
+
+use proptest::prelude::*;
+
+/// Requests, tokens (in debt up to the case's bound), a daily cap.
+const EACH_BANDS: [Quota; 3] = [Quota::per_second(3), Quota::per_second(20), Quota::per_hour(100)];
+
+fn each_op(debt: u32) -> impl proptest::strategy::Strategy<Value = Op> {
+    let amount = prop_oneof![
+        3 => (0..4u32).prop_map(crate::storage::Amount::Charge),
+        3 => Just(crate::storage::Amount::Require),
+        2 => (0..40u32).prop_map(crate::storage::Amount::Force),
+        1 => (0..10u32).prop_map(crate::storage::Amount::Refund),
+    ];
+    (amount.clone(), amount.clone(), amount).prop_map(move |(a, b, c)| {
+        Op::Each(crate::storage::Amounts::new().with(a).with_debt(b, debt).with(c))
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..Default::default() })]
+
+    /// Amounts per band through the cache answer exactly as the storage
+    /// alone: a cached denial only where the storage denies (a requirement
+    /// on a band in debt, a charge that does not fit), with its states.
+    #[test]
+    fn the_cache_never_denies_an_each_the_storage_would_admit(
+        steps in (0..30u32).prop_flat_map(|debt| proptest::collection::vec(
+            (prop_oneof![Just(0u64), 0..400_000_000u64], each_op(debt)),
+            1..60,
+        ))
+    ) {
+        let clock = FakeClock::new();
+        let cache = DenyCache::new(MemoryStorage::new());
+        let alone = MemoryStorage::new();
+        for (advance, op) in &steps {
+            clock.advance(Duration::from_nanos(*advance));
+            let got = decide(&cache, &EACH_BANDS, *op, &clock);
+            let want = decide(&alone, &EACH_BANDS, *op, &clock);
+            prop_assert_eq!((got.allowed, &got.bands), (want.allowed, &want.bands), "{:?}", op);
+        }
+    }
+}
+
+#[test]
+fn a_band_in_debt_is_a_cached_denial_for_a_requirement_only() {
+    use crate::storage::{Amount, Amounts};
+    let clock = FakeClock::new();
+    let remote = Remote::new(&clock);
+    let cache = DenyCache::new(remote.clone());
+    let bands = [Quota::per_second(10), Quota::per_second(10)];
+    let force = Op::Each(
+        Amounts::new()
+            .with(Amount::Charge(0))
+            .with_debt(Amount::Force(15), 10),
+    );
+    let admit = Op::Each(
+        Amounts::new()
+            .with(Amount::Charge(1))
+            .with_debt(Amount::Require, 10),
+    );
+    let peek = Op::Each(
+        Amounts::new()
+            .with(Amount::Charge(0))
+            .with_debt(Amount::Charge(0), 10),
+    );
+    assert!(decide(&cache, &bands, force, &clock).allowed);
+    let first = decide(&cache, &bands, admit, &clock);
+    assert!(!first.allowed);
+    assert_eq!(first.source, DecisionSource::Storage);
+    let calls = remote.calls();
+    // the same requirement is denied here, as the storage denied it
+    let cached = decide(&cache, &bands, admit, &clock);
+    assert_eq!(
+        (cached.source, cached.bands.clone()),
+        (DecisionSource::DenyCache, first.bands)
+    );
+    assert_eq!(remote.calls(), calls);
+    // a peek, a force and a refund reach the storage
+    for op in [peek, force] {
+        assert_eq!(decide(&cache, &bands, op, &clock).source, DecisionSource::Storage);
+    }
+    let refund = Op::Each(
+        Amounts::new()
+            .with(Amount::Charge(0))
+            .with_debt(Amount::Refund(40), 10),
+    );
+    assert!(decide(&cache, &bands, refund, &clock).allowed);
+    assert_eq!(remote.calls(), calls + 3);
+    // the refund forgot the key: the requirement holds again
+    assert_eq!(cache.len(), 0);
+    assert!(decide(&cache, &bands, admit, &clock).allowed);
+}

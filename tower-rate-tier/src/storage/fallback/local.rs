@@ -12,8 +12,8 @@ use super::Shared;
 use crate::clock::Clock;
 use crate::quota::Quota;
 use crate::storage::{
-    Decision, DecisionSource, MAX_BANDS, Op, ScopeKey, Slots, Storage, StorageError, StorageErrorKind,
-    TierScope,
+    Amounts, Decision, DecisionSource, MAX_BANDS, Op, ScopeKey, Slots, Storage, StorageError,
+    StorageErrorKind, TierScope,
 };
 
 impl Shared {
@@ -50,6 +50,7 @@ impl Shared {
                 cost,
                 slots: scale_slots(slots, self.share),
             },
+            Op::Each(amounts) => Op::Each(scale_debts(amounts, self.share)),
             op => op,
         };
         let decided = match local {
@@ -86,6 +87,22 @@ pub(super) fn scale_slots(slots: Slots, share: f64) -> Slots {
     }
     let limit = ((f64::from(slots.limit) * share).ceil() as u32).max(1);
     Slots { limit, ..slots }
+}
+
+/// Every band's debt bound scaled to `share`, as its burst is:
+/// `ceil(debt × share)` (0 stays 0), so a band in debt waits as long as
+/// with the primary's bound; the amounts themselves are not scaled (nor is
+/// a charge's cost).
+pub(super) fn scale_debts(amounts: Amounts, share: f64) -> Amounts {
+    if share >= 1.0 {
+        return amounts;
+    }
+    let mut scaled = Amounts::new();
+    for (amount, debt) in amounts.iter() {
+        // `as` saturates
+        scaled.push(amount, (f64::from(debt) * share).ceil() as u32);
+    }
+    scaled
 }
 
 /// Where the local limiter keeps a tier.

@@ -441,3 +441,47 @@ fn each_switch_is_logged_once() {
 
 mod flaps;
 mod prepared;
+
+#[test]
+fn amounts_per_band_are_answered_locally_with_scaled_bands_and_debt_bounds() {
+    use crate::storage::{Amount, Amounts};
+    let clock = FakeClock::new();
+    let clock_dyn: Arc<dyn Clock> = Arc::new(clock.clone());
+    let primary = Flaky::default();
+    let storage = Fallback::builder(primary.clone()).instances(2).build();
+    primary.fail(&[""]);
+    // requests 10/s; tokens 20/s with 10 of debt: locally 5/s, and 10/s
+    // with 5 of debt
+    let bands = [Quota::per_second(10), Quota::per_second(20)];
+    let key = StorageKey {
+        namespace: "",
+        tier: "t",
+        user: "ada",
+    };
+    let run = |op: Op| match storage.decide(key, &bands, op, &clock_dyn).into_ready() {
+        Ok(Ok(d)) => d,
+        other => panic!("{other:?}"),
+    };
+    let force = Op::Each(
+        Amounts::new()
+            .with(Amount::Charge(0))
+            .with_debt(Amount::Force(30), 10),
+    );
+    let d = run(force);
+    assert_eq!(d.source, DecisionSource::Fallback);
+    // 10 units and 5 of debt taken, 15 forgiven; the debt is 5 local units
+    assert_eq!((d.bands[1].forgiven, d.bands[1].debt_ns), (15, 500_000_000));
+    let admit = Op::Each(
+        Amounts::new()
+            .with(Amount::Charge(1))
+            .with_debt(Amount::Require, 10),
+    );
+    let d = run(admit);
+    assert!(!d.allowed);
+    assert_eq!(d.bands[0].remaining, 5);
+    assert_eq!(d.bands[1].retry_after_ns, 600_000_000);
+    clock.advance(Duration::from_millis(600));
+    let d = run(admit);
+    assert!(d.allowed);
+    assert_eq!((d.source, d.bands[0].remaining), (DecisionSource::Fallback, 4));
+}

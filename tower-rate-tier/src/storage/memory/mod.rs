@@ -299,7 +299,13 @@ impl Inner {
         match op {
             Op::Acquire { cost, slots } => return self.acquire(scope, user, bands, cost, slots, clock),
             Op::Release(lease) => return Ok(self.release(scope, user, lease, clock)),
-            Op::Charge(_) | Op::Refund(_) => {}
+            Op::Each(amounts) if amounts.len() != bands.len() => {
+                return Err(StorageError::new(
+                    StorageErrorKind::Other,
+                    "an `Op::Each` needs one amount per band",
+                ));
+            }
+            Op::Charge(_) | Op::Refund(_) | Op::Each(_) => {}
         }
         match bands {
             [quota] => self.decide_one(scope, user, quota, op, clock),

@@ -26,7 +26,7 @@ use std::sync::{Arc, PoisonError};
 use super::{Inner, Tats, lookup, store};
 use crate::clock::{Clock, Nanos};
 use crate::quota::Quota;
-use crate::storage::{BandName, Decision, DecisionSource, MAX_BANDS, Op, StorageKey};
+use crate::storage::{Amount, BandName, Decision, DecisionSource, MAX_BANDS, Op, StorageKey};
 
 /// The storage warns of decisions in overflow buckets at most this often (in
 /// the deciding clock's time), with the count since its last warning.
@@ -68,14 +68,17 @@ impl Inner {
             }
             let before = tats;
             let decision = crate::storage::decide_bands(&mut tats[..n], now, bands, op);
-            if let Op::Charge(_) = op {
-                // A charge never moves a shared band's time back: the GCRA
-                // clamps a time more than a full refill ahead, and a contract
-                // with a shorter refill than the last one's would otherwise
-                // hand the bucket back to the longer one at each turn. A time
-                // stays within the longest refill of the contracts seen.
-                for (tat, before) in tats[..n].iter_mut().zip(before) {
-                    *tat = (*tat).max(before);
+            // A charge (or requirement, or forced charge) never moves a
+            // shared band's time back: the GCRA clamps a time more than a
+            // full refill ahead, and a contract with a shorter refill than
+            // the last one's would otherwise hand the bucket back to the
+            // longer one at each turn. A time stays within the longest
+            // refill of the contracts seen. A refunded band moves back.
+            if let Op::Charge(_) | Op::Each(_) = op {
+                for (i, (tat, before)) in tats[..n].iter_mut().zip(before).enumerate() {
+                    if !matches!(op.band(i).0, Amount::Refund(_)) {
+                        *tat = (*tat).max(before);
+                    }
                 }
             }
             *stored = store(names, &tats[..n], now);

@@ -133,6 +133,8 @@ fn short_decision(reply: i64, [interval, tol, inc]: [u64; 3], now: u64) -> Decis
         reset_after_ns: used.saturating_mul(1_000),
         retry_after_ns: retry.saturating_mul(1_000),
         more_after_ns: crate::gcra::next_unit_after(used, interval).saturating_mul(1_000),
+        debt_ns: 0,
+        forgiven: 0,
     });
     Decision::new(allowed, now.saturating_mul(1_000), states)
 }

@@ -85,11 +85,17 @@ fn moved_on(e: &redis::RedisError) -> bool {
     )
 }
 
-pub(super) fn check_bands(bands: &[Quota]) -> Result<(), StorageError> {
+pub(super) fn check_bands(bands: &[Quota], op: Op) -> Result<(), StorageError> {
     if bands.is_empty() || bands.len() > super::super::MAX_BANDS {
         return Err(StorageError::new(
             StorageErrorKind::Other,
             "a decision needs 1 to MAX_BANDS bands",
+        ));
+    }
+    if matches!(op, Op::Each(amounts) if amounts.len() != bands.len()) {
+        return Err(StorageError::new(
+            StorageErrorKind::Other,
+            "an `Op::Each` needs one amount per band",
         ));
     }
     Ok(())
@@ -99,10 +105,12 @@ impl RedisStorage {
     /// One decision by Redis: the key names and arguments are made now (the
     /// future owns them), and sent at once or with the next batch.
     pub(super) fn send(&self, key: StorageKey<'_>, bands: &[Quota], op: Op) -> Decide {
-        if let Op::Acquire { .. } | Op::Release(_) = op {
-            return super::slots::send(&self.inner, key, bands, op);
+        match op {
+            Op::Acquire { .. } | Op::Release(_) => super::slots::send(&self.inner, key, bands, op),
+            // its arguments are not the batch script's: a call of its own
+            Op::Each(_) => Decide::pending(self.inner.clone().call(self.inner.args(key, bands, op))),
+            Op::Charge(_) | Op::Refund(_) => self.inner.submit(self.inner.args(key, bands, op)),
         }
-        self.inner.submit(self.inner.args(key, bands, op))
     }
 }
 

@@ -5,7 +5,6 @@
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::time::Duration;
 //! use tower_rate_tier::{Quota, RateTier, storage::RedisStorage};
-//!
 //! let storage = RedisStorage::builder("redis://127.0.0.1:6379")
 //!     .prefix("myapp")
 //!     .hash_secret(std::env::var("RATE_LIMIT_KEY_SECRET")?)
@@ -28,7 +27,8 @@
 //! charges every band or writes nothing. Every write sets an expiry of the
 //! time until the band is full again (plus 1 ms), so keys vanish on their own.
 //! A tier with a concurrency limit takes a slot and charges the bands in one
-//! call (never batched), and gives the slot back in another.
+//! call, and gives the slot back in another; a decision with an amount per
+//! band ([`Op::Each`]: `each.lua`) is one call too. Neither is batched.
 //!
 //! **Batching** (on by default,
 //! [`batching`](RedisStorageBuilder::batching)): a decision asked for while
@@ -459,14 +459,14 @@ impl RedisStorage {
         bands: &[Quota],
         op: Op,
     ) -> Result<super::Decision, StorageError> {
-        check_bands(bands)?;
+        check_bands(bands, op)?;
         self.inner.clone().call(self.inner.args(key, bands, op)).await
     }
 }
 
 impl Storage for RedisStorage {
     fn decide(&self, key: StorageKey<'_>, bands: &[Quota], op: Op, clock: &Arc<dyn Clock>) -> Decide {
-        if let Err(e) = check_bands(bands) {
+        if let Err(e) = check_bands(bands, op) {
             return Decide::ready(Err(e));
         }
         match &self.inner.deny {

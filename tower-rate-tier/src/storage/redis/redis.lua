@@ -2,14 +2,17 @@
 --
 -- The reference is `gcra::decide` / `gcra::refund` (Rust, nanoseconds); this
 -- script is the same arithmetic in integer microseconds. It runs after
--- `gcra.lua`, whose `charge_band` decides a charge of one limited band.
+-- `gcra.lua`, whose `charge_band` decides a charge of one limited band, and
+-- `each.lua`, whose `decide_each` decides a call of mode "e".
 --
 -- KEYS[i]   the TAT of band i: integer microseconds since the Unix epoch, as
 --           a decimal string, written with string.format("%d") (exact below
 --           2^63, where Lua's own tostring is not; cheaper than the server's
 --           own conversion of a number argument). All keys of one call share
 --           one hash tag, so Redis Cluster accepts the call.
--- ARGV[1]   "c" (check: charge all bands or none) or "r" (refund).
+-- ARGV[1]   "c" (check: charge all bands or none), "r" (refund), or "e"
+--           (an amount per band: see `each.lua`, whose arguments follow
+--           the band triples).
 -- ARGV[2]   now in microseconds since the Unix epoch, or "" to read the
 --           server's TIME (the default: every instance shares one clock).
 -- ARGV[3i], ARGV[3i+1], ARGV[3i+2] (i = 1..n)
@@ -35,7 +38,11 @@
 -- for a denied request or a peek), so the lock-out never exceeds one refill.
 
 local n = #KEYS
-if n == 0 or #ARGV ~= 2 + 3 * n then
+local width = 3
+if ARGV[1] == "e" then
+  width = 5
+end
+if n == 0 or #ARGV ~= 2 + width * n then
   return redis.error_reply("ERR tower-rate-tier: bad script arguments")
 end
 
@@ -56,6 +63,10 @@ else
 end
 if now == nil or now ~= now or now < 0 or now >= EXACT then
   return redis.error_reply("ERR tower-rate-tier: bad time")
+end
+
+if ARGV[1] == "e" then
+  return decide_each(KEYS, ARGV, now)
 end
 
 -- One limited band (the common case): `charge_band`, the same arithmetic

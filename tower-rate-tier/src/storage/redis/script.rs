@@ -2,8 +2,9 @@
 //! decisions, each decided as `redis.lua` decides it) and `slots.lua` (a
 //! concurrency slot taken with the charge of its bands as `redis.lua`
 //! decides it, or given back), all after `gcra.lua` (the charge of one
-//! band, which they share), their arguments, the `EVALSHA` call with its
-//! `EVAL` fallbacks, and the reply of one decision.
+//! band, which they share) and `each.lua` (a decision with an amount per
+//! band), their arguments, the `EVALSHA` call with its `EVAL` fallbacks,
+//! and the reply of one decision.
 //!
 //! A call is one `EVALSHA`. A `NOSCRIPT` reply (a restarted or flushed
 //! server, a failover) is answered by one `EVAL`, which loads the script as
@@ -16,7 +17,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 use smallvec::SmallVec;
 
-use super::super::{BandStates, Decision, Op, StorageError, StorageErrorKind, StorageKey, band_names};
+use super::super::{
+    Amount, BandStates, Decision, Op, StorageError, StorageErrorKind, StorageKey, band_names,
+};
 use super::error::Attempt;
 use super::keys::{KeyBuf, KeyCodec, push_band};
 use super::link::{Conn, Stage};
@@ -24,8 +27,15 @@ use crate::gcra::BandState;
 use crate::quota::Quota;
 
 /// One decision: `redis.lua`, after `gcra.lua` (`charge_band`, the
-/// arithmetic of a charge on one limited band, which both scripts share).
-pub(super) const SINGLE: &str = concat!(include_str!("gcra.lua"), include_str!("redis.lua"));
+/// arithmetic of a charge on one limited band, which every script shares)
+/// and `each.lua` (`decide_each`, a decision with an amount per band, which
+/// `redis.lua` runs for an [`Op::Each`]; the other scripts hold it because
+/// they hold `redis.lua`, but only a call of its own carries one).
+pub(super) const SINGLE: &str = concat!(
+    include_str!("gcra.lua"),
+    include_str!("each.lua"),
+    include_str!("redis.lua")
+);
 
 /// Many decisions in one call: `batch.lua` decides a charge of one limited
 /// band with `gcra.lua`'s `charge_band`, as `redis.lua` does (with one
@@ -35,6 +45,7 @@ pub(super) const SINGLE: &str = concat!(include_str!("gcra.lua"), include_str!("
 /// single call's decisions.
 pub(super) const BATCH: &str = concat!(
     include_str!("gcra.lua"),
+    include_str!("each.lua"),
     "local function decide(KEYS, ARGV)\n",
     include_str!("redis.lua"),
     "\nend\n",
@@ -48,6 +59,7 @@ pub(super) const BATCH: &str = concat!(
 pub(super) const CLUSTER_BATCH: &str = concat!(
     include_str!("cluster.lua"),
     include_str!("gcra.lua"),
+    include_str!("each.lua"),
     "local function decide(KEYS, ARGV)\n",
     include_str!("redis.lua"),
     "\nend\n",
@@ -59,6 +71,7 @@ pub(super) const CLUSTER_BATCH: &str = concat!(
 /// [`BATCH`] wraps it), in one call and at one time, or gives one back.
 pub(super) const SLOTS: &str = concat!(
     include_str!("gcra.lua"),
+    include_str!("each.lua"),
     "local function decide(KEYS, ARGV)\n",
     include_str!("redis.lua"),
     "\nend\n",
@@ -98,6 +111,11 @@ pub(super) struct Args {
     pub(super) mode: &'static str,
     pub(super) now: Option<u64>,
     pub(super) spans: SmallVec<[[u64; 3]; 2]>,
+    /// For an [`Op::Each`] (mode `e`), per band: what it is asked for
+    /// (`c`harge, re`q`uire, `f`orce, `r`efund; the span's increment is its
+    /// units, one interval for a requirement) and its debt bound in
+    /// microseconds; empty otherwise.
+    pub(super) amounts: SmallVec<[(&'static str, u64); 2]>,
 }
 
 impl Args {
@@ -117,14 +135,24 @@ impl Args {
             push_band(&mut k, quota, name);
             keys.push(k);
         }
-        let (mode, cost) = match op.on_bands() {
-            Op::Refund(n) => ("r", n),
-            other => ("c", other.units()),
+        let mode = match op.on_bands() {
+            Op::Refund(_) => "r",
+            Op::Each(_) => "e",
+            _ => "c",
         };
         let mut spans = SmallVec::new();
-        for quota in bands {
+        let mut amounts = SmallVec::new();
+        for (i, quota) in bands.iter().enumerate() {
+            let (amount, debt) = op.band(i);
+            let (kind, units) = match amount {
+                Amount::Charge(n) => ("c", n),
+                Amount::Require => ("q", 1),
+                Amount::Force(n) => ("f", n),
+                Amount::Refund(n) => ("r", n),
+            };
             if quota.is_unlimited() {
                 spans.push([0, 0, 0]);
+                amounts.push((kind, 0));
                 continue;
             }
             let interval = quota
@@ -132,14 +160,19 @@ impl Args {
                 .div_ceil(1_000)
                 .clamp(1, MAX_SPAN_US);
             let tolerance = interval.saturating_mul(u64::from(quota.burst())).min(MAX_SPAN_US);
-            let increment = interval.saturating_mul(u64::from(cost)).min(MAX_SPAN_US);
+            let increment = interval.saturating_mul(u64::from(units)).min(MAX_SPAN_US);
             spans.push([interval, tolerance, increment]);
+            amounts.push((kind, interval.saturating_mul(u64::from(debt)).min(MAX_SPAN_US)));
+        }
+        if mode != "e" {
+            amounts.clear();
         }
         Args {
             keys,
             mode,
             now,
             spans,
+            amounts,
         }
     }
 
@@ -157,6 +190,9 @@ impl Args {
         for span in &self.spans {
             cmd.arg(span[0]).arg(span[1]).arg(span[2]);
         }
+        for (kind, debt) in &self.amounts {
+            cmd.arg(*kind).arg(*debt);
+        }
     }
 }
 
@@ -166,7 +202,7 @@ impl CallArgs for Args {
     }
 
     fn size(&self) -> usize {
-        self.key_bytes() + 24 + 60 * self.spans.len()
+        self.key_bytes() + 24 + 60 * self.spans.len() + 24 * self.amounts.len()
     }
 
     fn push(&self, cmd: &mut Cmd) {
@@ -250,21 +286,23 @@ fn refuses_evalsha(e: &RedisError) -> bool {
 }
 
 /// The script's reply: `{allowed, now, (remaining, reset_after, retry_after)
-/// per band}`, times in microseconds.
+/// per band}`, times in microseconds; for an [`Op::Each`] (mode `e`), then
+/// the units forgiven per band.
 ///
 /// `spans` are the bands' `[interval, tolerance, increment]` the call was
-/// made with: the time until each band has one more unit is counted from its
-/// interval.
+/// made with: the time until each band has one more unit, and its debt, are
+/// counted from its interval and tolerance.
 pub(super) fn decode(value: Value, spans: &[[u64; 3]]) -> Result<Decision, StorageError> {
     let bands = spans.len();
     let bad = bad_reply;
     let Value::Array(items) = value else {
         return Err(bad());
     };
-    if bands > super::super::MAX_BANDS || items.len() != 2 + 3 * bands {
+    let each = items.len() == 2 + 4 * bands && bands > 0;
+    if bands > super::super::MAX_BANDS || (items.len() != 2 + 3 * bands && !each) {
         return Err(bad());
     }
-    let mut reply = [0i64; 2 + 3 * super::super::MAX_BANDS];
+    let mut reply = [0i64; 2 + 4 * super::super::MAX_BANDS];
     for (slot, item) in reply.iter_mut().zip(items) {
         let Value::Int(i) = item else {
             return Err(bad());
@@ -272,7 +310,8 @@ pub(super) fn decode(value: Value, spans: &[[u64; 3]]) -> Result<Decision, Stora
         *slot = i;
     }
     let mut states = BandStates::new();
-    for (band, span) in reply[2..2 + 3 * bands].chunks_exact(3).zip(spans) {
+    let forgiven = &reply[2 + 3 * bands..2 + 4 * bands];
+    for ((band, span), &forgiven) in reply[2..2 + 3 * bands].chunks_exact(3).zip(spans).zip(forgiven) {
         let used = u64::try_from(band[1]).unwrap_or(0);
         states.push(BandState {
             remaining: if band[0] < 0 {
@@ -282,10 +321,26 @@ pub(super) fn decode(value: Value, spans: &[[u64; 3]]) -> Result<Decision, Stora
             },
             reset_after_ns: micros_to_nanos(band[1]),
             retry_after_ns: micros_to_nanos(band[2]),
-            more_after_ns: crate::gcra::next_unit_after(used, span[0]).saturating_mul(1_000),
+            more_after_ns: next_unit_in(used, span[0], span[1]).saturating_mul(1_000),
+            debt_ns: used.saturating_sub(span[1]).saturating_mul(1_000),
+            forgiven: if each {
+                u32::try_from(forgiven).unwrap_or(0)
+            } else {
+                0
+            },
         });
     }
     Ok(Decision::new(reply[0] == 1, micros_to_nanos(reply[1]), states))
+}
+
+/// The time until a band of `interval` and `tolerance` with `used` taken
+/// has one more unit: for a band in debt (`used` beyond the tolerance),
+/// until it has one unit again, as `gcra` reports it.
+fn next_unit_in(used: u64, interval: u64, tolerance: u64) -> u64 {
+    if used > tolerance && interval > 0 {
+        return (used - tolerance).saturating_add(interval);
+    }
+    crate::gcra::next_unit_after(used, interval)
 }
 
 pub(super) fn bad_reply() -> StorageError {
@@ -326,6 +381,19 @@ mod tests {
         assert!(decode(ints(&[1, 2, 3]), &spans[..1]).is_err());
         assert!(decode(Value::Nil, &spans[..1]).is_err());
         assert!(decode(Value::Array(vec![Value::Int(1), Value::Nil]), &[]).is_err());
+    }
+
+    #[test]
+    fn a_band_in_debt_has_a_unit_after_its_debt_and_one_interval() {
+        assert_eq!(next_unit_in(5, 2, 4), 3);
+        assert_eq!(next_unit_in(3, 2, 4), 1);
+        let d = decode(ints(&[1, 5, 0, 7_000, 0, 0]), &[[1_000, 5_000, 1_000]]).unwrap();
+        assert_eq!(
+            (d.bands[0].debt_ns, d.bands[0].more_after_ns),
+            (2_000_000, 3_000_000)
+        );
+        let d = decode(ints(&[1, 5, 0, 5_000, 0, 4]), &[[1_000, 5_000, 1_000]]).unwrap();
+        assert_eq!((d.bands[0].debt_ns, d.bands[0].forgiven), (0, 4));
     }
 
     #[test]

@@ -164,7 +164,7 @@ pub(super) fn send(inner: &Arc<Inner>, key: StorageKey<'_>, bands: &[Quota], op:
                 Ok(decision.with_slots(state))
             })
         }
-        Op::Charge(_) | Op::Refund(_) => Decide::ready(Err(StorageError::new(
+        Op::Charge(_) | Op::Refund(_) | Op::Each(_) => Decide::ready(Err(StorageError::new(
             StorageErrorKind::Other,
             "not an operation on slots",
         ))),

@@ -1,0 +1,288 @@
+//! The generic cell rate algorithm (GCRA), as pure arithmetic.
+//!
+//! The state of one band of one key is a single timestamp, the *theoretical
+//! arrival time* (TAT): the time at which the band would be full again. With
+//! emission interval `I` and burst `B`, the tolerance is `τ = I · B`. A request
+//! of cost `c` at time `now` is admitted when
+//!
+//! ```text
+//! max(TAT, now) + c · I − now ≤ τ
+//! ```
+//!
+//! and then moves the TAT to `max(TAT, now) + c · I`. This module never sees a
+//! storage or an HTTP request: the storages call [`decide`], [`require`],
+//! [`force`] and [`refund`] under their own per-key atomicity (through
+//! [`decide_bands`](crate::storage::decide_bands)).
+//!
+//! All intermediate arithmetic is done in `u128`, so no input (nanoseconds
+//! near `u64::MAX`, day-long intervals, a cost near `u32::MAX`) can overflow.
+//! A stored TAT more than one full refill ahead of `now` (the clock moved
+//! backwards, or a foreign writer) is clamped to `now + τ`, and the clamped TAT
+//! is written back whatever the outcome (see [`BandDecision::new_tat`]): a
+//! clock that moves backwards never locks anyone out for longer than one full
+//! refill.
+//!
+//! # Debt
+//!
+//! A band may be allowed `d` units of *debt*: its TAT may then lie up to
+//! `d · I` beyond `now + τ`, and only a [`force`] puts it there (a charge
+//! taken whatever is left, such as usage recorded after the fact). Every
+//! function takes the band's debt bound `d` (0 for a band that is never in
+//! debt) and clamps at `now + τ + d · I` instead of `now + τ`, so a band in
+//! debt stays in debt until it is repaid at the band's rate. While in debt a
+//! band has no unit to give: a charge or a [`require`] is refused until the
+//! TAT is back within `now + τ − c · I`.
+
+use crate::clock::Nanos;
+use crate::quota::Quota;
+
+/// The state of one band after a decision.
+///
+/// Built by the storages; outside this crate a value starts from
+/// `BandState::default()` (the fields are public, the struct is
+/// `#[non_exhaustive]` so that it can grow).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct BandState {
+    /// Cost units that could still be admitted right now; 0 while the band
+    /// is in debt.
+    pub remaining: u32,
+    /// Nanoseconds until the band is full again (beyond one full refill
+    /// while the band is in debt).
+    pub reset_after_ns: u64,
+    /// Nanoseconds until the request that was denied would be admitted; 0
+    /// when it was admitted.
+    pub retry_after_ns: u64,
+    /// Nanoseconds until the band has more quota than now (`remaining`
+    /// grows by one; for a band in debt, until it has one unit again); 0
+    /// when the band is full (or unlimited). Computed with the quota that
+    /// decided: a [`Fallback`](crate::storage::Fallback)'s local decision
+    /// counts it from its share.
+    pub more_after_ns: u64,
+    /// Nanoseconds the band is in debt: how far its TAT lies beyond a full
+    /// refill from now (`reset_after_ns` minus the tolerance); 0 when it is
+    /// not in debt. Only a forced charge
+    /// ([`Amount::Force`](crate::storage::Amount::Force)) puts a band there.
+    pub debt_ns: u64,
+    /// Whole units of a forced charge that the band's debt bound did not
+    /// take (forgiven, for the caller to report); 0 for any other amount, or
+    /// when the whole charge was taken.
+    pub forgiven: u32,
+}
+
+/// The time until a band with `used` of its tolerance taken has one more
+/// unit than now: the part of `used` that is not a whole interval, or a
+/// whole interval; 0 when nothing is used (the band is full). Any time unit,
+/// as long as both are in it. Not for a band in debt (`used` beyond the
+/// tolerance): that one has a unit again after its debt and one interval.
+#[inline]
+pub(crate) fn next_unit_after(used: u64, interval: u64) -> u64 {
+    if used == 0 || interval == 0 {
+        return 0;
+    }
+    match used % interval {
+        0 => interval,
+        part => part,
+    }
+}
+
+/// The outcome of [`decide`] for one band.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct BandDecision {
+    /// Whether this band admits the request.
+    pub(crate) allowed: bool,
+    /// The TAT to store, or `None` when nothing needs writing. When the
+    /// request is admitted (by every band), the TAT after the charge. When the
+    /// stored TAT was beyond the band's bound (`now + τ`, plus its debt
+    /// bound; the clock moved backwards), the clamped TAT, also for a denied
+    /// request or a peek: the reported state does not change, but writing it
+    /// back is what bounds the lock-out to one full refill (plus the debt).
+    /// Otherwise `None` for a denied request, a peek (cost 0), a
+    /// requirement and an unlimited band.
+    pub(crate) new_tat: Option<Nanos>,
+    /// The band's state after the decision (after the charge when admitted,
+    /// unchanged when denied).
+    pub(crate) state: BandState,
+}
+
+fn sat_u64(v: u128) -> u64 {
+    u64::try_from(v).unwrap_or(u64::MAX)
+}
+
+fn sat_u32(v: u128) -> u32 {
+    u32::try_from(v).unwrap_or(u32::MAX)
+}
+
+/// `n / d` and `n % d` (`d > 0`), in `u64` when both fit: a `u128`
+/// division is a library call several times slower, and this is on every
+/// check.
+#[inline]
+fn div_rem(n: u128, d: u128) -> (u128, u128) {
+    match (u64::try_from(n), u64::try_from(d)) {
+        (Ok(n), Ok(d)) => (u128::from(n / d), u128::from(n % d)),
+        _ => (n / d, n % d),
+    }
+}
+
+/// What one band is asked for.
+#[derive(Debug, Clone, Copy)]
+enum Take {
+    /// Admit when `n` units fit, and take them.
+    Charge(u32),
+    /// Admit when one unit fits; take nothing.
+    Require,
+    /// Take `n` units whatever is left, up to the debt bound; always admit.
+    Force(u32),
+}
+
+/// An unlimited band's answer: always admitted, nothing stored.
+const UNLIMITED: BandDecision = BandDecision {
+    allowed: true,
+    new_tat: None,
+    state: BandState {
+        remaining: u32::MAX,
+        reset_after_ns: 0,
+        retry_after_ns: 0,
+        more_after_ns: 0,
+        debt_ns: 0,
+        forgiven: 0,
+    },
+};
+
+/// Decides one band: may a request of `cost` pass at `now`, given the stored
+/// TAT (`None` for a key never seen or expired)? The band is never in debt
+/// (see [`decide_within`]).
+///
+/// Cost 0 is a peek: always admitted, reports the state, writes nothing.
+/// The arithmetic is in `u128`, so that no quota, time or cost overflows;
+/// the division runs in `u64` whenever its operands fit.
+#[inline]
+pub(crate) fn decide(tat: Option<Nanos>, now: Nanos, quota: &Quota, cost: u32) -> BandDecision {
+    decide_within(tat, now, quota, cost, 0)
+}
+
+/// [`decide`] for a band allowed `debt` units of debt: its TAT is clamped at
+/// `now + τ + debt · I`, so a band in debt stays in debt (and denies any
+/// cost above 0 until it is repaid).
+#[inline]
+pub(crate) fn decide_within(
+    tat: Option<Nanos>,
+    now: Nanos,
+    quota: &Quota,
+    cost: u32,
+    debt: u32,
+) -> BandDecision {
+    band(tat, now, quota, Take::Charge(cost), debt)
+}
+
+/// Whether the band has at least one unit (and so is not in debt), without
+/// taking it: admitted as a charge of 1 would be, writing at most the clamp.
+#[inline]
+pub(crate) fn require(tat: Option<Nanos>, now: Nanos, quota: &Quota, debt: u32) -> BandDecision {
+    band(tat, now, quota, Take::Require, debt)
+}
+
+/// Takes `units` whatever is left: the TAT becomes
+/// `min(max(TAT, now) + units · I, now + τ + debt · I)`. Always admitted;
+/// the whole units the bound did not take are the state's `forgiven`.
+#[inline]
+pub(crate) fn force(tat: Option<Nanos>, now: Nanos, quota: &Quota, units: u32, debt: u32) -> BandDecision {
+    band(tat, now, quota, Take::Force(units), debt)
+}
+
+#[inline]
+fn band(tat: Option<Nanos>, now: Nanos, quota: &Quota, take: Take, debt: u32) -> BandDecision {
+    if quota.is_unlimited() {
+        return UNLIMITED;
+    }
+    let interval = u128::from(quota.emission_interval_nanos());
+    let tolerance = interval * u128::from(quota.burst());
+    // The most of the band a TAT may use: the tolerance, and the debt.
+    let bound = tolerance + interval * u128::from(debt);
+    let now_w = u128::from(now);
+    let ceiling = now_w + bound;
+    let stored = tat.map_or(now_w, u128::from);
+    // Clamp into [now, now + bound]: an expired TAT is a fresh state, a TAT
+    // from the future (backwards clock) is at worst an emptied burst (and
+    // the allowed debt), and is written back clamped so that the clamp does
+    // not have to be repeated until the clock has caught up.
+    let clamped = (stored > ceiling).then(|| sat_u64(ceiling));
+    let base = stored.max(now_w).min(ceiling);
+    let used = base - now_w;
+    // whether admitted, the use after, the wait of a denial, the units forgiven
+    let (allowed, after, retry, forgiven) = match take {
+        Take::Charge(cost) => {
+            let charged = used + interval * u128::from(cost);
+            // a peek always admits, a band in debt included
+            if charged <= tolerance || cost == 0 {
+                (true, charged, 0, 0)
+            } else {
+                (false, used, charged - tolerance, 0)
+            }
+        }
+        Take::Require => {
+            let wanted = used + interval;
+            if wanted <= tolerance {
+                (true, used, 0, 0)
+            } else {
+                (false, used, wanted - tolerance, 0)
+            }
+        }
+        Take::Force(units) => {
+            let wanted = used + interval * u128::from(units);
+            if wanted <= bound {
+                (true, wanted, 0, 0)
+            } else {
+                (true, bound, 0, sat_u32((wanted - bound) / interval))
+            }
+        }
+    };
+    let new_tat = if after > used {
+        Some(sat_u64(now_w + after))
+    } else {
+        clamped
+    };
+    // What is left: whole units, and the part of one that is not free yet.
+    let (remaining, more_after) = if after > tolerance {
+        (0, after - tolerance + interval)
+    } else {
+        let (remaining, part) = div_rem(tolerance - after, interval);
+        let more_after = match (after, part) {
+            (0, _) => 0,
+            (_, 0) => interval,
+            (_, part) => interval - part,
+        };
+        (remaining, more_after)
+    };
+    BandDecision {
+        allowed,
+        new_tat,
+        state: BandState {
+            remaining: sat_u32(remaining),
+            reset_after_ns: sat_u64(after),
+            retry_after_ns: if allowed { 0 } else { sat_u64(retry).max(1) },
+            more_after_ns: sat_u64(more_after),
+            debt_ns: sat_u64(after.saturating_sub(tolerance)),
+            forgiven,
+        },
+    }
+}
+
+/// Gives `cost` units back to one band allowed `debt` units of debt: the
+/// TAT after the refund, or `None` when the band is back to a fresh state
+/// (nothing to keep). Never goes below a fresh state.
+pub(crate) fn refund(tat: Option<Nanos>, now: Nanos, quota: &Quota, cost: u32, debt: u32) -> Option<Nanos> {
+    if quota.is_unlimited() {
+        return None;
+    }
+    let tat = u128::from(tat?);
+    let now_w = u128::from(now);
+    let interval = u128::from(quota.emission_interval_nanos());
+    let bound = interval * (u128::from(quota.burst()) + u128::from(debt));
+    let base = tat.min(now_w + bound);
+    let back = base.saturating_sub(interval * u128::from(cost));
+    (back > now_w).then(|| sat_u64(back))
+}
+
+#[cfg(test)]
+mod tests;
