@@ -200,8 +200,8 @@ impl<S: fmt::Debug> fmt::Debug for DenyCache<S> {
 
 type Hasher = foldhash::fast::RandomState;
 
-/// A key's name in the cache: `[len][namespace][len][tier][user]` (the
-/// namespace and tier cut at 255 bytes).
+/// A key's name in the cache: `[len][namespace][len][tier][user]`, each
+/// length two bytes.
 pub(crate) type KeyBuf = SmallVec<[u8; 64]>;
 
 /// The entries of one cache.
@@ -430,14 +430,15 @@ fn tier_prefix(at: ScopeKey<'_>) -> KeyBuf {
     out
 }
 
-/// Appends `[len][namespace][len][tier]`, with room for `more` bytes.
+/// Appends `[len][namespace][len][tier]` (each length two bytes), with room
+/// for `more` bytes.
 fn push_tier(out: &mut KeyBuf, namespace: &str, tier: &str, more: usize) {
-    let ns = namespace.len().min(255);
-    let tier_len = tier.len().min(255);
-    out.reserve(2 + ns + tier_len + more);
-    out.push(ns as u8);
+    let ns = namespace.len().min(usize::from(u16::MAX));
+    let tier_len = tier.len().min(usize::from(u16::MAX));
+    out.reserve(4 + ns + tier_len + more);
+    out.extend_from_slice(&(ns as u16).to_be_bytes());
     out.extend_from_slice(&namespace.as_bytes()[..ns]);
-    out.push(tier_len as u8);
+    out.extend_from_slice(&(tier_len as u16).to_be_bytes());
     out.extend_from_slice(&tier.as_bytes()[..tier_len]);
 }
 

@@ -31,7 +31,8 @@ pub enum BuildError {
     NoBands(String),
     /// A tier has more than [`MAX_BANDS`] bands.
     TooManyBands(String),
-    /// A tier name or the namespace is empty or longer than 255 bytes.
+    /// A tier name is empty, longer than 255 bytes or holds a control
+    /// character, or the namespace is longer than 255 bytes.
     InvalidName(String),
     /// A tier given to `shadow_tier` is not configured.
     UnknownShadowTier(String),
@@ -70,7 +71,8 @@ impl fmt::Display for BuildError {
             BuildError::InvalidName(t) => {
                 write!(
                     f,
-                    "`{t}` is not a valid tier name or namespace (1 to 255 bytes; the namespace may be empty)"
+                    "`{}` is not a valid tier name or namespace (1 to 255 bytes, no control characters; the namespace may be empty)",
+                    t.escape_debug()
                 )
             }
         }

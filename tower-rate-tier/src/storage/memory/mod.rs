@@ -20,6 +20,8 @@ mod gc;
 mod overflow;
 mod scope;
 mod slots;
+#[cfg(test)]
+mod tests;
 
 use scope::{Scope, Scopes};
 
@@ -357,6 +359,12 @@ impl Inner {
         op: Op,
         clock: &Arc<dyn Clock>,
     ) -> Result<Decision, StorageError> {
+        if scope.multi.contains_key(user) {
+            // The user's bands are kept under their names (its band had
+            // another window than `single` when it was first seen): its state
+            // is there.
+            return self.decide_many(scope, user, bands, op, clock);
+        }
         let now = clock.now();
         let mut tat = [None];
         let decision = super::decide_bands(&mut tat, now, bands, op);

@@ -124,15 +124,16 @@ impl Inner {
     }
 }
 
-/// `[len][namespace][len][tier]`: the key of a namespace's and tier's
-/// overflow bucket (names are at most 255 bytes).
+/// `[len][namespace][len][tier]`, each length two bytes: the key of a
+/// namespace's and tier's overflow bucket.
 fn scope_key(key: &StorageKey<'_>) -> Vec<u8> {
-    let ns = &key.namespace.as_bytes()[..key.namespace.len().min(255)];
-    let tier = &key.tier.as_bytes()[..key.tier.len().min(255)];
-    let mut out = Vec::with_capacity(2 + ns.len() + tier.len());
-    out.push(ns.len() as u8);
+    let max = usize::from(u16::MAX);
+    let ns = &key.namespace.as_bytes()[..key.namespace.len().min(max)];
+    let tier = &key.tier.as_bytes()[..key.tier.len().min(max)];
+    let mut out = Vec::with_capacity(4 + ns.len() + tier.len());
+    out.extend_from_slice(&(ns.len() as u16).to_be_bytes());
     out.extend_from_slice(ns);
-    out.push(tier.len() as u8);
+    out.extend_from_slice(&(tier.len() as u16).to_be_bytes());
     out.extend_from_slice(tier);
     out
 }

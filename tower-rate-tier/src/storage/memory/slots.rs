@@ -61,18 +61,36 @@ impl Inner {
         }
         // The rate state's lock is taken inside this one, never the other
         // way round (an inline sweep at the key cap leaves slot sets alone).
-        let decision = self.decide(scope, user, bands, Op::Charge(cost), clock)?;
-        let state = if decision.allowed {
-            set.acquire(id, now, &slots)
-        } else {
-            SlotState {
-                limit: slots.limit,
-                in_use,
-                lease: None,
-                refused: false,
+        let decision = match self.decide(scope, user, bands, Op::Charge(cost), clock) {
+            Ok(decision) => decision,
+            Err(error) => {
+                drop(set);
+                self.forget_if_empty(scope, user, in_use);
+                return Err(error);
             }
         };
+        if decision.allowed {
+            let state = set.acquire(id, now, &slots);
+            return Ok(decision.with_slots(state));
+        }
+        drop(set);
+        // refused by the rate: a set this left empty goes as a release's does
+        self.forget_if_empty(scope, user, in_use);
+        let state = SlotState {
+            limit: slots.limit,
+            in_use,
+            lease: None,
+            refused: false,
+        };
         Ok(decision.with_slots(state))
+    }
+
+    /// After a decision that took no slot: removes the user's set when it
+    /// is empty and the sets are past the key cap, as a release does.
+    fn forget_if_empty(&self, scope: &Scope, user: &str, in_use: u32) {
+        if in_use == 0 && self.slot_sets.load(Ordering::Relaxed) > self.max_keys {
+            self.remove_empty_set(scope, user);
+        }
     }
 
     /// Gives `lease` of `key` back.
@@ -116,9 +134,7 @@ impl Inner {
             }
             None => return 0,
         };
-        if in_use == 0 && self.slot_sets.load(Ordering::Relaxed) > self.max_keys {
-            self.remove_empty_set(scope, user);
-        }
+        self.forget_if_empty(scope, user, in_use);
         in_use
     }
 

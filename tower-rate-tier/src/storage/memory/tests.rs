@@ -1,0 +1,83 @@
+//! The memory storage's bounds and state keeping, decided by key.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::MemoryStorage;
+use crate::clock::{Clock, FakeClock};
+use crate::quota::Quota;
+use crate::storage::{Decide, Decision, Op, Slots, Storage, StorageKey};
+
+fn ready(decide: Decide) -> Decision {
+    match decide.into_ready() {
+        Ok(decided) => decided.expect("a decision"),
+        Err(_) => panic!("the memory storage waited"),
+    }
+}
+
+fn key(user: &str) -> StorageKey<'_> {
+    StorageKey {
+        namespace: "",
+        tier: "t",
+        user,
+    }
+}
+
+/// At the key cap, a flood of distinct identities refused by the shared
+/// overflow bucket leaves no slot set behind: a set a refusal leaves empty
+/// goes, past the cap, as a release's does.
+#[test]
+fn refused_acquires_at_the_cap_leave_no_slot_sets() {
+    let clock: Arc<dyn Clock> = Arc::new(FakeClock::new());
+    let storage = MemoryStorage::builder().max_keys(10).build();
+    let bands = [Quota::per_minute(5)];
+    let op = Op::Acquire {
+        cost: 1,
+        slots: Slots {
+            limit: 2,
+            lease: Duration::from_secs(30),
+        },
+    };
+    let mut admitted = 0;
+    for i in 0..10_000 {
+        let user = format!("user-{i}");
+        let decision = ready(storage.decide(key(&user), &bands, op, &clock));
+        if let Some(lease) = decision.slots.and_then(|s| s.lease) {
+            admitted += 1;
+            // the request ends: its slot is given back
+            ready(storage.decide(key(&user), &bands, Op::Release(lease), &clock));
+        }
+    }
+    let sets = storage.inner.slot_sets.load(Ordering::Relaxed);
+    assert!(admitted < 100, "{admitted} admitted past the cap");
+    assert!(
+        sets <= 11,
+        "{sets} slot sets kept for {} refused identities",
+        10_000 - admitted
+    );
+}
+
+/// A user whose one-band state is kept under its band's name (its window
+/// differs from the one the tier's first map holds) finds it again once
+/// that map has emptied and another window claimed it.
+#[test]
+fn a_spent_user_stays_spent_when_another_window_claims_the_first_map() {
+    let fake = FakeClock::new();
+    let clock: Arc<dyn Clock> = Arc::new(fake.clone());
+    let storage = MemoryStorage::new();
+    let minute = [Quota::per_minute(1)];
+    let day = [Quota::per_day(1)];
+    assert!(ready(storage.decide(key("a"), &minute, Op::Charge(1), &clock)).allowed);
+    assert!(ready(storage.decide(key("b"), &day, Op::Charge(1), &clock)).allowed);
+    assert!(!ready(storage.decide(key("b"), &day, Op::Charge(1), &clock)).allowed);
+    fake.advance(Duration::from_secs(120));
+    storage.sweep();
+    assert!(
+        !ready(storage.decide(key("b"), &day, Op::Charge(1), &clock)).allowed,
+        "b's daily quota was handed out again"
+    );
+    // a user new to the tier is kept in the map its window claimed
+    assert!(ready(storage.decide(key("c"), &day, Op::Charge(1), &clock)).allowed);
+    assert!(!ready(storage.decide(key("c"), &day, Op::Charge(1), &clock)).allowed);
+}
