@@ -15,12 +15,12 @@ count() {
     | sed -n 's/.*Collected : \([0-9]*\).*/\1/p'
 }
 declare -A per
-for mode in none noop fields fields+id ours ours-ietf ours-none governor governor-plain; do
+for mode in none noop fields fields+id ours ours-ietf ours-none ours-unlimited governor governor-plain; do
   a=$(count "$mode" "$n"); b=$(count "$mode" $((2 * n)))
   per[$mode]=$(( (b - a) / n ))
 done
 printf '%-10s %14s %14s\n' mode "instr/request" "added/request"
-for mode in none noop fields fields+id ours ours-ietf ours-none governor governor-plain; do
+for mode in none noop fields fields+id ours ours-ietf ours-none ours-unlimited governor governor-plain; do
   printf '%-10s %14d %14d\n' "$mode" "${per[$mode]}" $(( ${per[$mode]} - ${per[none]} ))
 done
 ours=$(( ${per[ours]} - ${per[none]} )); gov=$(( ${per[governor]} - ${per[none]} ))
