@@ -31,8 +31,7 @@ pub enum BuildError {
     NoBands(String),
     /// A tier has more than [`MAX_BANDS`] bands.
     TooManyBands(String),
-    /// A tier name is empty, longer than 255 bytes or holds a control
-    /// character, or the namespace is longer than 255 bytes.
+    /// A tier name or the namespace is empty or longer than 255 bytes.
     InvalidName(String),
     /// A tier given to `shadow_tier` is not configured.
     UnknownShadowTier(String),
@@ -71,8 +70,7 @@ impl fmt::Display for BuildError {
             BuildError::InvalidName(t) => {
                 write!(
                     f,
-                    "`{}` is not a valid tier name or namespace (1 to 255 bytes, no control characters; the namespace may be empty)",
-                    t.escape_debug()
+                    "`{t}` is not a valid tier name or namespace (1 to 255 bytes; the namespace may be empty)"
                 )
             }
         }
