@@ -23,6 +23,8 @@ mod exactness;
 mod failures;
 #[path = "redis/fallback.rs"]
 mod fallback;
+#[path = "redis/half_moved.rs"]
+mod half_moved;
 #[path = "redis/keys.rs"]
 mod keys;
 #[path = "redis/layer.rs"]

@@ -183,6 +183,9 @@ async fn a_call_over_the_concurrency_limit_names_the_concurrency_item() {
     assert_eq!(first.unwrap().unwrap().unwrap().status(), ServingStatus::Serving);
     let status = call(&channel, CHEAP, "ada", "free").await.unwrap_err();
     assert_eq!(status.code(), Code::ResourceExhausted);
+    // it says what happened: a call in flight too many, not a spent quota
+    let in_flight = "too many requests in flight for the concurrency limit of tier free (1 at once)";
+    assert_eq!(status.message(), format!("{in_flight}; retry in 1 s"));
     assert_eq!(
         status.get_details_retry_info().unwrap().retry_delay,
         Some(Duration::from_secs(1))
@@ -190,6 +193,7 @@ async fn a_call_over_the_concurrency_limit_names_the_concurrency_item() {
     let quota = status.get_details_quota_failure().expect("a QuotaFailure detail");
     let subjects: Vec<&str> = quota.violations.iter().map(|v| v.subject.as_str()).collect();
     assert_eq!(subjects, ["tier:free.concurrency"], "{quota:?}");
+    assert_eq!(quota.violations[0].description, in_flight);
     let policy = metadata(&status, "ratelimit-policy").unwrap();
     assert!(
         policy.contains(r#""free.concurrency";q=1;qu="concurrent-requests""#),

@@ -16,15 +16,15 @@ use tower_rate_tier_tests::redis::{RedisCluster, cluster, own_cluster};
 use super::batching::batched_equal_one_call_each;
 use super::key;
 
-/// Held by the heavy tests of this module, so that they run one at a time
-/// next to the rest of the suite (which has timing bounds of its own on a
-/// 2-core machine).
-static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+/// Held by the heavy tests of this module and of `half_moved`, so that they
+/// run one at a time next to the rest of the suite (which has timing bounds
+/// of its own on a 2-core machine).
+pub(crate) static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// How long each checking task of the load tests pauses between checks:
 /// enough load to meet every move and the kill, without taking the
 /// machine from the tests running beside them.
-const PACE: Duration = Duration::from_millis(1);
+pub(crate) const PACE: Duration = Duration::from_millis(1);
 
 /// Concurrent decisions on keys of every node are batched per node, and
 /// each is decided as a call of its own would decide it.
@@ -136,7 +136,7 @@ async fn sixty_four_tasks_with_real_time_keep_the_bound_on_a_cluster() {
 
 /// Which node of a test cluster serves `slot` as `redis-cli --cluster
 /// create` shares the slots out (0 to 5460, 5461 to 10922, the rest).
-fn first_slots(slot: u16) -> usize {
+pub(crate) fn first_slots(slot: u16) -> usize {
     match slot {
         0..=5460 => 0,
         5461..=10922 => 1,
@@ -145,7 +145,7 @@ fn first_slots(slot: u16) -> usize {
 }
 
 /// The cluster id of `node`.
-fn node_id(node: &tower_rate_tier_tests::redis::RedisServer) -> String {
+pub(crate) fn node_id(node: &tower_rate_tier_tests::redis::RedisServer) -> String {
     node.cli(&["CLUSTER", "MYID"])
 }
 

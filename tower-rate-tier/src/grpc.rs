@@ -11,14 +11,18 @@
 //! * HTTP 200, `content-type: application/grpc` (`application/grpc-web` or
 //!   `application/grpc-web-text` for gRPC-Web), no body;
 //! * `grpc-status: 8` (RESOURCE_EXHAUSTED) and a readable, percent-encoded
-//!   `grpc-message` (`rate limit exceeded (tier free); retry in 30 s`);
+//!   `grpc-message` (`rate limit exceeded (tier free); retry in 30 s`; over
+//!   a [concurrency limit](crate::RateTierBuilder::tier_concurrency), `too
+//!   many requests in flight for the concurrency limit of tier free (2 at
+//!   once); retry in 1 s`);
 //! * `grpc-status-details-bin`: a `google.rpc.Status` whose details are a
 //!   `google.rpc.RetryInfo` (the retry delay: `Retry-After`, whole seconds
 //!   rounded up, never 0) and a `google.rpc.QuotaFailure` with one violation
 //!   per band that refused, its subject `tier:` and the band's
 //!   `RateLimit-Policy` item name (`tier:free` for a one-band tier,
-//!   `tier:free.0`, `tier:free.1`, ... in a multi-band tier: the 429 body's
-//!   `violated-policies`), which `tonic_types::StatusExt` decodes;
+//!   `tier:free.0`, `tier:free.1`, ... in a multi-band tier, `tier:free.concurrency`
+//!   for the concurrency limit: the 429 body's `violated-policies`), which
+//!   `tonic_types::StatusExt` decodes;
 //! * the HTTP refusal's rate-limit fields as metadata: `retry-after`,
 //!   `x-ratelimit-limit`, `x-ratelimit-remaining`, `x-ratelimit-reset`,
 //!   `ratelimit-policy`, `ratelimit` (its `t` as on HTTP: on a refusal, the
@@ -225,9 +229,31 @@ fn to_grpc(refusal: Response<Bytes>, retry_pushback: bool, content_type: HeaderV
     };
 
     let tier = text("tier");
-    let message = match (limited, tier, retry_secs) {
-        (true, Some(tier), Some(secs)) => format!("rate limit exceeded (tier {tier}); retry in {secs} s"),
-        (true, None, Some(secs)) => format!("rate limit exceeded; retry in {secs} s"),
+    let number = |member: &str| problem.get(member).and_then(serde_json::Value::as_u64);
+    let violated: Vec<&str> = problem
+        .get("violated-policies")
+        .and_then(serde_json::Value::as_array)
+        .map(|names| names.iter().filter_map(serde_json::Value::as_str).collect())
+        .unwrap_or_default();
+    // A refusal by the concurrency limit names its item alone
+    // (`free.concurrency`), and `limit` is that limit.
+    let in_flight = match (tier, violated.as_slice()) {
+        (Some(tier), [name]) if name.strip_prefix(tier) == Some(".concurrency") => {
+            let at_once = number("limit")
+                .map(|n| format!(" ({n} at once)"))
+                .unwrap_or_default();
+            Some(format!(
+                "too many requests in flight for the concurrency limit of tier {tier}{at_once}"
+            ))
+        }
+        _ => None,
+    };
+    let message = match (limited, tier, retry_secs, &in_flight) {
+        (true, _, Some(secs), Some(in_flight)) => format!("{in_flight}; retry in {secs} s"),
+        (true, Some(tier), Some(secs), None) => {
+            format!("rate limit exceeded (tier {tier}); retry in {secs} s")
+        }
+        (true, None, Some(secs), None) => format!("rate limit exceeded; retry in {secs} s"),
         _ => text("detail").unwrap_or("refused by the rate limiter").to_owned(),
     };
     let mut details = ErrorDetails::new();
@@ -235,12 +261,6 @@ fn to_grpc(refusal: Response<Bytes>, retry_pushback: bool, content_type: HeaderV
         details.set_retry_info(retry_secs.map(Duration::from_secs));
     }
     if let Some(tier) = tier {
-        let number = |member: &str| problem.get(member).and_then(serde_json::Value::as_u64);
-        let violated: Vec<&str> = problem
-            .get("violated-policies")
-            .and_then(serde_json::Value::as_array)
-            .map(|names| names.iter().filter_map(serde_json::Value::as_str).collect())
-            .unwrap_or_default();
         match (number("cost"), number("limit")) {
             (Some(cost), Some(limit)) if !limited => {
                 details.add_quota_failure_violation(
@@ -255,14 +275,14 @@ fn to_grpc(refusal: Response<Bytes>, retry_pushback: bool, content_type: HeaderV
                 );
             }
             _ => {
-                // One violation per band that refused, named as its
-                // `RateLimit-Policy` item (the tier's own name for a
-                // one-band tier).
+                // One violation per band that refused (or for the
+                // concurrency limit), named as its `RateLimit-Policy` item
+                // (the tier's own name for a one-band tier).
                 for name in violated {
-                    let description = if name == tier {
-                        format!("the quota of tier {tier} is spent")
-                    } else {
-                        format!("the quota of policy {name} of tier {tier} is spent")
+                    let description = match &in_flight {
+                        Some(in_flight) => in_flight.clone(),
+                        None if name == tier => format!("the quota of tier {tier} is spent"),
+                        None => format!("the quota of policy {name} of tier {tier} is spent"),
                     };
                     details.add_quota_failure_violation(format!("tier:{name}"), description);
                 }

@@ -418,14 +418,28 @@ async fn send(inner: &Arc<Inner>, batcher: &Batcher, batch: Vec<Waiting>) {
 }
 
 /// Each decision of `batch` as a call of its own, in order (on a Cluster
-/// routed by its keys: the driver follows `MOVED` and `ASK`).
+/// routed by its keys: the driver follows `MOVED` and `ASK`). A call ends
+/// when its caller gives up (its own timeout, counted from when it asked,
+/// has passed): a decision sent again after a redirection is not sent once
+/// more for no one, and the decisions after it are not held up.
 async fn alone(inner: &Arc<Inner>, batch: Vec<Waiting>) {
-    for waiting in batch {
-        if waiting.reply.is_closed() {
-            continue;
+    for Waiting {
+        args,
+        attempt,
+        mut reply,
+    } in batch
+    {
+        let mut call = pin!(inner.clone().call((args, attempt)));
+        let decided = poll_fn(|cx| {
+            if reply.poll_closed(cx).is_ready() {
+                return Poll::Ready(None);
+            }
+            call.as_mut().poll(cx).map(Some)
+        })
+        .await;
+        if let Some(decided) = decided {
+            let _ = reply.send(decided);
         }
-        let decided = inner.clone().call((waiting.args, waiting.attempt)).await;
-        let _ = waiting.reply.send(decided);
     }
 }
 

@@ -3,6 +3,7 @@
 //! call of its own within the timeout (the call `slots.rs` makes too).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use redis::Value;
 
@@ -42,7 +43,7 @@ impl Inner {
         attempt: Attempt,
     ) -> Result<Value, StorageError> {
         let call = async {
-            let mut redirected = 0;
+            let (mut refused, mut resent) = (false, 0);
             loop {
                 match script.call(&self.conn, args, attempt, None).await {
                     // A refused connection means the command was not sent:
@@ -50,14 +51,18 @@ impl Inner {
                     // attempt left behind (during an outage that has ended
                     // since), so one more try reconnects now rather than
                     // failing this decision.
-                    Err((_, e)) if e.is_connection_refusal() => {
-                        break script.call(&self.conn, args, attempt, None).await;
-                    }
+                    Err((_, e)) if e.is_connection_refusal() && !refused => refused = true,
                     // On a Cluster whose slots move, a redirection that the
-                    // driver's own retry met again (the slot moved on): the
-                    // script did not run, so it is sent again, within the
-                    // timeout.
-                    Err((_, e)) if redirected < MAX_REDIRECTS && moved_on(&e) => redirected += 1,
+                    // driver's own retry met again: the script did not run,
+                    // so it is sent again, until the timeout (see
+                    // `resend_pause`).
+                    Err((_, e)) if moved_on(&e) => {
+                        let pause = resend_pause(resent);
+                        if !pause.is_zero() {
+                            tokio::time::sleep(pause).await;
+                        }
+                        resent += 1;
+                    }
                     other => break other,
                 }
             }
@@ -70,9 +75,24 @@ impl Inner {
     }
 }
 
-/// How many times one decision follows a redirection beyond the driver's
-/// own retry.
-const MAX_REDIRECTS: u32 = 8;
+/// How long a decision waits before it is sent again after its `resent`-th
+/// redirection (counted from 0): at once the first time, then 1 ms, 2 ms,
+/// and 4 ms each time after, so that a cluster whose nodes keep redirecting
+/// is not flooded until the timeout.
+///
+/// A redirection comes back often while a slot is half moved, and not only
+/// when the slot moved on: the driver follows an `ASK` by sending `ASKING`
+/// and then, once it is answered, the command, on the node's connection
+/// that every caller shares, so another command sent in between takes the
+/// one-time `ASKING` and the importing node answers the decision with
+/// `MOVED` back to the source. Each new try is a new chance; no count of
+/// tries is enough under load, hence the timeout as the only bound.
+fn resend_pause(resent: u32) -> Duration {
+    match resent {
+        0 => Duration::ZERO,
+        n => Duration::from_millis(1 << (n - 1).min(2)),
+    }
+}
 
 /// A reply that says the command did not run here and names where to
 /// send it (`MOVED`, `ASK`), or asks to send it again (`TRYAGAIN`: a
