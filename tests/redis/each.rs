@@ -146,3 +146,50 @@ async fn a_mismatched_amount_count_is_an_error_not_a_panic() {
             .is_err()
     );
 }
+
+/// A unit band whose interval is not a whole number of microseconds
+/// (7,000,000 an hour: 514,286 ns, which the scripts count as 515 µs):
+/// Redis behind its deny cache admits a requirement as soon as Redis alone
+/// does. The cache keeps the states the scripts report in their own units.
+#[tokio::test]
+async fn the_deny_cache_admits_a_requirement_as_soon_as_redis_does() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let clock = FakeClock::new();
+    clock.advance(Duration::from_secs(1_000_000));
+    let fake: Arc<dyn Clock> = Arc::new(clock.clone());
+    let connect = |prefix: &'static str, cache: bool| {
+        RedisStorage::builder(server.url())
+            .prefix(prefix)
+            .batching(false)
+            .deny_cache(cache)
+            .client_clock(clock.clone())
+            .connect()
+    };
+    let plain = connect("each-plain", false).await.unwrap();
+    let cached = connect("each-cached", true).await.unwrap();
+    let memory = MemoryStorage::new();
+    let key = StorageKey {
+        namespace: "",
+        tier: "llm",
+        user: "u",
+    };
+    let bands = [Quota::per_hour(7_000_000)];
+    let fill = Op::Each(Amounts::new().with(Amount::Force(7_000_000)));
+    let require = Op::Each(Amounts::new().with(Amount::Require));
+    for storage in [&plain as &dyn Storage, &cached, &memory] {
+        assert!(storage.decide(key, &bands, fill, &fake).await.unwrap().allowed);
+        // spent: denied everywhere, and the cache keeps this denial
+        assert!(!storage.decide(key, &bands, require, &fake).await.unwrap().allowed);
+    }
+    clock.advance(Duration::from_secs(1));
+    for storage in [&plain as &dyn Storage, &cached, &memory] {
+        let decision = storage.decide(key, &bands, require, &fake).await.unwrap();
+        assert!(
+            decision.allowed,
+            "{storage:?} denied a requirement one second after the band was spent ({:?}, retry after {} ns)",
+            decision.source, decision.bands[0].retry_after_ns
+        );
+    }
+}

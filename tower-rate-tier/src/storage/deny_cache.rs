@@ -266,6 +266,8 @@ impl DenyTable {
                 self.forget(&name);
                 return forward();
             }
+            // Not one amount per band: the storage's error to give.
+            Op::Each(amounts) if amounts.len() != bands.len() => return forward(),
             // Refunded bands: forgotten as a refund is.
             Op::Each(amounts) if amounts.iter().any(|(a, _)| matches!(a, Amount::Refund(_))) => {
                 self.forget(&name);

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::clock::FakeClock;
-use crate::storage::MemoryStorage;
+use crate::storage::{Amounts, MemoryStorage};
 
 /// A storage deciding on a clock of its own (a Redis server's, say),
 /// whatever clock the limiter passes; counts the decisions it makes.
@@ -380,4 +380,23 @@ fn a_band_in_debt_is_a_cached_denial_for_a_requirement_only() {
     // the refund forgot the key: the requirement holds again
     assert_eq!(cache.len(), 0);
     assert!(decide(&cache, &bands, admit, &clock).allowed);
+}
+
+/// An `Op::Each` without one amount per band is the storage's error to
+/// give, even for a key the cache holds a denial of.
+#[test]
+fn a_decision_without_an_amount_per_band_reaches_the_storage() {
+    let clock = FakeClock::new();
+    let cache = DenyCache::new(MemoryStorage::new());
+    let bands = [Quota::per_second(1), Quota::per_second(10)];
+    let charge = Op::Each(Amounts::new().with(Amount::Charge(1)).with(Amount::Charge(1)));
+    assert!(decide(&cache, &bands, charge, &clock).allowed);
+    assert!(!decide(&cache, &bands, charge, &clock).allowed);
+    let short = Op::Each(Amounts::new().with(Amount::Charge(1)));
+    let dyn_clock: Arc<dyn Clock> = Arc::new(clock.clone());
+    let answer = cache.decide(KEY, &bands, short, &dyn_clock).into_ready();
+    assert!(
+        matches!(answer, Ok(Err(_))),
+        "the cache answered {answer:?} for the storage"
+    );
 }

@@ -470,11 +470,11 @@ impl Storage for RedisStorage {
             return Decide::ready(Err(e));
         }
         match &self.inner.deny {
-            // Anchored on the clock the decisions are made with: the
-            // limiter's, or this storage's own in test mode.
+            // Anchored on the deciding clock: the limiter's, or this storage's own in test mode.
             Some(table) => {
                 let now = self.inner.clock.as_ref().unwrap_or(clock).now();
-                table.guard(encode(key), bands, op, now, || self.send(key, bands, op))
+                let seen = script::counted(bands);
+                table.guard(encode(key), &seen, op, now, || self.send(key, bands, op))
             }
             None => self.send(key, bands, op),
         }

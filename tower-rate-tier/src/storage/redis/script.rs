@@ -87,6 +87,29 @@ pub(super) const BATCH_CONTRACT: &str = "trt-batch-2";
 /// the script's sums stay exact in Lua's doubles.
 const MAX_SPAN_US: u64 = 1 << 51;
 
+/// `bands` as the scripts count them: each interval rounded up to whole
+/// microseconds (at most [`MAX_SPAN_US`]), as the arguments send it. The
+/// deny cache keeps and decides the states the scripts report in these
+/// units, so that its lower bound of a band's state is never above what
+/// the server holds (in nanoseconds it would count a little more used time
+/// per unit, and deny a requirement the server admits).
+pub(super) fn counted(bands: &[Quota]) -> arrayvec::ArrayVec<Quota, { crate::storage::MAX_BANDS }> {
+    bands
+        .iter()
+        .take(crate::storage::MAX_BANDS)
+        .map(|quota| {
+            if quota.is_unlimited() {
+                return *quota;
+            }
+            let us = quota
+                .emission_interval_nanos()
+                .div_ceil(1_000)
+                .clamp(1, MAX_SPAN_US);
+            Quota::per_period(1, std::time::Duration::from_micros(us)).with_burst(quota.burst())
+        })
+        .collect()
+}
+
 /// A script and how this server takes it.
 pub(super) struct Script {
     source: &'static str,
