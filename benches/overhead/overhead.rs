@@ -69,70 +69,44 @@ fn insert_fields(mut res: http::Response<Body>) -> http::Response<Body> {
     res
 }
 
+/// The tier `free` of `quota`, the default tier.
+fn free(quota: Quota) -> tower_rate_tier::RateTierBuilder {
+    RateTier::builder().tier("free", quota).default_tier("free")
+}
+
+/// Our layer over `tiers`, identifying users by the `x-user` header.
+fn ours(tiers: RateTier) -> TierLimitLayer {
+    TierLimitLayer::new(tiers).identifier_fn(identify)
+}
+
 fn app(mode: &str) -> Router {
     let router = Router::new().route("/", get(|| async { "ok" }));
     match mode {
         "none" => router,
         // the cost of any router-wide layer in axum (boxing, futures), for reference
         "noop" => router.layer(tower::layer::util::Identity::new()),
-        "ours" => {
-            let tiers = RateTier::builder()
-                .tier("free", Quota::per_hour(10_000))
-                .default_tier("free")
-                .build();
-            router.layer(TierLimitLayer::new(tiers).identifier_fn(identify))
-        }
+        "ours" => router.layer(ours(free(Quota::per_hour(10_000)).build())),
         // ours with a concurrency limit on the tier: each request takes a
         // slot and gives it back when its response is dropped
         "ours-concurrency" => {
-            let tiers = RateTier::builder()
-                .tier("free", Quota::per_hour(10_000))
-                .tier_concurrency("free", 4)
-                .default_tier("free")
-                .build();
-            router.layer(TierLimitLayer::new(tiers).identifier_fn(identify))
+            let tiers = free(Quota::per_hour(10_000)).tier_concurrency("free", 4).build();
+            router.layer(ours(tiers))
         }
         // ours with the two IETF fields (`RateLimitHeaders::IETF`), as
         // tower_governor's `use_headers()` adds two
-        "ours-ietf" => {
-            let tiers = RateTier::builder()
-                .tier("free", Quota::per_hour(10_000))
-                .default_tier("free")
-                .build();
-            let layer = TierLimitLayer::new(tiers)
-                .identifier_fn(identify)
-                .headers(tower_rate_tier::RateLimitHeaders::IETF);
-            router.layer(layer)
-        }
+        "ours-ietf" => router.layer(
+            ours(free(Quota::per_hour(10_000)).build()).headers(tower_rate_tier::RateLimitHeaders::IETF),
+        ),
         // ours, every user on an unlimited tier (no storage, no fields)
-        "ours-unlimited" => {
-            let tiers = RateTier::builder()
-                .tier("free", Quota::unlimited())
-                .default_tier("free")
-                .build();
-            router.layer(TierLimitLayer::new(tiers).identifier_fn(identify))
-        }
+        "ours-unlimited" => router.layer(ours(free(Quota::unlimited()).build())),
         // ours without rate-limit fields (`RateLimitHeaders::NONE`)
-        "ours-none" => {
-            let tiers = RateTier::builder()
-                .tier("free", Quota::per_hour(10_000))
-                .default_tier("free")
-                .build();
-            let layer = TierLimitLayer::new(tiers)
-                .identifier_fn(identify)
-                .headers(tower_rate_tier::RateLimitHeaders::NONE);
-            router.layer(layer)
-        }
+        "ours-none" => router.layer(
+            ours(free(Quota::per_hour(10_000)).build()).headers(tower_rate_tier::RateLimitHeaders::NONE),
+        ),
         // ours counting every request through the `metrics` facade, with no
         // recorder installed (feature `metrics` of this bench)
         #[cfg(feature = "metrics")]
-        "ours-metrics" => {
-            let tiers = RateTier::builder()
-                .tier("free", Quota::per_hour(10_000))
-                .default_tier("free")
-                .build();
-            router.layer(TierLimitLayer::new(tiers).identifier_fn(identify).metrics(true))
-        }
+        "ours-metrics" => router.layer(ours(free(Quota::per_hour(10_000)).build()).metrics(true)),
         // Every user on a contract of its own, kept by the identifier (as a
         // cache in front of a customer database keeps it) and cloned per
         // request; "cust-N" users, decided before measuring in
