@@ -39,15 +39,7 @@ local function decide_each(keys, argv, now)
       or inc < 0 or room < 0 or (kind ~= "c" and kind ~= "q" and kind ~= "f" and kind ~= "r") then
       return redis.error_reply("ERR tower-rate-tier: bad band arguments")
     end
-    local tat = stored[i]
-    if type(tat) ~= "string" then
-      tat = nil
-    else
-      tat = tonumber(tat)
-      if tat == nil or tat ~= tat or tat < 0 or tat >= 9007199254740992 or tat ~= floor(tat) then
-        tat = nil
-      end
-    end
+    local tat = stored_time(stored[i])
     local bound = tol + room
     local used, clamped = 0, false
     if interval > 0 and tat ~= nil and tat > now then

@@ -17,12 +17,24 @@
 -- after it when admitted or -(used + 1) with the state left alone when
 -- denied, and the time used to write (the new TAT is now + it), or nil.
 --
--- A script makes its functions again at every call, so this is the only
--- one the scripts share, and it refers to nothing outside itself.
+-- A script makes its functions again at every call, so these two are the
+-- only ones the scripts share, and they refer to nothing outside
+-- themselves.
+--
+-- `stored_time` reads a band's stored value: the number when it is an
+-- integer from 0 below 2^53, else nil (a fresh state).
+local function stored_time(v)
+  local t = tonumber(v)
+  if t == nil or t ~= t or t < 0 or t >= 9007199254740992 or t ~= math.floor(t) then
+    return nil
+  end
+  return t
+end
+
 local function charge_band(v, now, tol, inc)
-  local tat = tonumber(v)
+  local tat = stored_time(v)
   local used, clamped = 0, false
-  if tat ~= nil and tat == tat and tat > now and tat < 9007199254740992 and tat == math.floor(tat) then
+  if tat ~= nil and tat > now then
     used = tat - now
     if used > tol then
       used, clamped = tol, true

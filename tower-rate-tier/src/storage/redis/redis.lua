@@ -114,15 +114,7 @@ for i = 1, n do
   if interval == nil or tol == nil or inc == nil or interval < 0 or tol < interval or inc < 0 then
     return redis.error_reply("ERR tower-rate-tier: bad band arguments")
   end
-  local tat = stored[i]
-  if type(tat) ~= "string" then
-    tat = nil
-  else
-    tat = tonumber(tat)
-    if tat == nil or tat ~= tat or tat < 0 or tat >= EXACT or tat ~= floor(tat) then
-      tat = nil
-    end
-  end
+  local tat = stored_time(stored[i])
   local used, clamped = 0, false
   if interval > 0 and tat ~= nil and tat > now then
     if tat > now + tol then
