@@ -36,6 +36,14 @@ pub trait TierTable: Copy + Send + Sync + 'static {
         None
     }
 
+    /// This tier's bands of named units (`#[tier(unit = "tokens", ..)]`),
+    /// each unit with its bands; empty for a tier that counts requests
+    /// only. See
+    /// [`RateTierBuilder::tier_unit`](crate::RateTierBuilder::tier_unit).
+    fn tier_units(self) -> &'static [(&'static str, &'static [Quota])] {
+        &[]
+    }
+
     /// This tier's place in [`all`](Self::all).
     fn tier_index(self) -> usize {
         let name = self.tier_name();
