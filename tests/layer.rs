@@ -68,9 +68,9 @@ struct Counting {
 impl Storage for Counting {
     fn decide(&self, key: StorageKey<'_>, bands: &[Quota], op: Op, clock: &Arc<dyn Clock>) -> Decide {
         let counter = match op {
-            Op::Charge(_) | Op::Acquire { .. } | Op::Each(_) => &self.checks,
             Op::Refund(_) => &self.refunds,
             Op::Release(_) => return self.inner.decide(key, bands, op, clock),
+            _ => &self.checks,
         };
         counter.fetch_add(1, Ordering::SeqCst);
         self.inner.decide(key, bands, op, clock)

@@ -58,10 +58,11 @@ impl<S> Tally<S> {
 impl<S: Storage> Storage for Tally<S> {
     fn decide(&self, key: StorageKey<'_>, bands: &[Quota], op: Op, clock: &Arc<dyn Clock>) -> Decide {
         let counter = match op {
-            Op::Charge(_) | Op::Acquire { .. } | Op::Each(_) => &self.charges,
             Op::Refund(_) => &self.refunds,
             // slots given back are not counted
             Op::Release(_) => return self.inner.decide(key, bands, op, clock),
+            // charges, admissions with a slot, amounts per band
+            _ => &self.charges,
         };
         counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.inner.decide(key, bands, op, clock)

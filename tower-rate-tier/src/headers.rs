@@ -106,9 +106,33 @@ pub(crate) const CONCURRENT_REQUESTS: &str = "concurrent-requests";
 impl TierHeaders {
     /// The values of the tier `name` with `bands` (none shown when they are
     /// unlimited) and at most `concurrency` requests of a user in flight.
+    ///
+    /// `bands` are the bands a decision of the tier is over: its request
+    /// bands, then its units' bands (see [`Quota::unit`]). A unit's items
+    /// are named for the tier and the unit (`free.tokens`, or
+    /// `free.tokens.0`, `free.tokens.1` for a unit of several bands); the
+    /// unit the draft registers for bytes of content carries
+    /// `qu="content-bytes"`, any other unit is named in the item name only.
     pub(crate) fn new(name: &str, bands: &[Quota], concurrency: Option<u32>) -> Self {
-        let names: Box<[Box<str>]> = (0..bands.len())
-            .map(|i| policy_name(name, bands.len(), i).into_boxed_str())
+        let names: Box<[Box<str>]> = bands
+            .iter()
+            .enumerate()
+            .map(|(i, quota)| {
+                let unit = quota.unit();
+                let same = |q: &&Quota| q.unit() == unit;
+                let index = bands[..i].iter().filter(same).count();
+                let count = bands.iter().filter(same).count();
+                let mut item = policy_name(name);
+                if !unit.is_requests() {
+                    item.push('.');
+                    item.push_str(unit.as_str());
+                }
+                if count > 1 {
+                    item.push('.');
+                    item.push_str(itoa::Buffer::new().format(index));
+                }
+                item.into_boxed_str()
+            })
             .collect();
         let items: Box<[Box<str>]> = names.iter().map(|name| sf_string(name)).collect();
         let mut policy = String::with_capacity(32);
@@ -122,10 +146,15 @@ impl TierHeaders {
                 policy.push_str(itoa::Buffer::new().format(quota.burst()));
                 policy.push_str(";w=");
                 policy.push_str(itoa::Buffer::new().format(quota.window_secs()));
+                if quota.unit().is_content_bytes() {
+                    policy.push_str(";qu=\"");
+                    policy.push_str(crate::quota::CONTENT_BYTES);
+                    policy.push('"');
+                }
             }
         }
         let slots = concurrency.map(|limit| {
-            let mut name = policy_name(name, 1, 0);
+            let mut name = policy_name(name);
             name.push_str(".concurrency");
             let item = sf_string(&name);
             if !policy.is_empty() {
@@ -252,19 +281,13 @@ pub(crate) fn number(n: u64) -> HeaderValue {
     HeaderValue::from_bytes(digits.format(n).as_bytes()).unwrap_or_else(|_| HeaderValue::from(n))
 }
 
-/// A band's policy name: the tier's name (`free`), or `free.0`, `free.1`,
-/// ... in a multi-band tier, with every character a Structured Fields string
-/// cannot hold (anything but printable ASCII) replaced by `?`.
-fn policy_name(tier: &str, bands: usize, index: usize) -> String {
-    let mut name: String = tier
-        .chars()
+/// The tier's part of its items' names: its name, with every character a
+/// Structured Fields string cannot hold (anything but printable ASCII)
+/// replaced by `?`.
+fn policy_name(tier: &str) -> String {
+    tier.chars()
         .map(|c| if matches!(c, ' '..='~') { c } else { '?' })
-        .collect();
-    if bands > 1 {
-        name.push('.');
-        name.push_str(itoa::Buffer::new().format(index));
-    }
-    name
+        .collect()
 }
 
 /// [`push_sf_string`] into a string of its own.

@@ -66,7 +66,9 @@ fn insert_common(headers: &mut HeaderMap, info: Fields<'_>, which: RateLimitHead
     headers.reserve(5);
     let slots = info.detail.slots;
     let by_slots = slots.is_some_and(|s| s.refused);
-    if which.legacy() && (by_slots || !info.detail.tier.unlimited) {
+    // an unlimited tier reports a refusal (by its concurrency limit or a
+    // unit), never an admission
+    if which.legacy() && (!info.allowed || !info.detail.tier.unlimited) {
         // a refusal by concurrency reports the concurrency limit
         let limit = match (&tier.slots, by_slots) {
             (Some(item), true) => Some(&item.limit),
@@ -82,7 +84,7 @@ fn insert_common(headers: &mut HeaderMap, info: Fields<'_>, which: RateLimitHead
         if let Some(policy) = &tier.policy {
             headers.insert(RATELIMIT_POLICY, policy.clone());
         }
-        let bands: &[crate::storage::BandState] = if info.detail.tier.unlimited {
+        let bands: &[crate::storage::BandState] = if info.detail.tier.counts_nothing() {
             &[]
         } else {
             &info.detail.bands
@@ -114,7 +116,7 @@ pub fn apply_limited_headers(headers: &mut HeaderMap, limited: &RateLimited) {
 
 /// [`apply_info_headers`] with the chosen fields.
 pub(crate) fn apply_info_fields(headers: &mut HeaderMap, info: &RateLimitInfo, which: RateLimitHeaders) {
-    if (info.is_unlimited() && info.slots().is_none()) || which == RateLimitHeaders::NONE {
+    if (info.detail.tier.counts_nothing() && info.slots().is_none()) || which == RateLimitHeaders::NONE {
         return;
     }
     let fields = Fields {

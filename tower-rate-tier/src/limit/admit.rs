@@ -283,7 +283,7 @@ pub(crate) fn admission(
                 route_key(head)
             };
             let lease = info.slots().and_then(|s| s.lease);
-            if info.is_unlimited() && lease.is_none() {
+            if tier.counts_nothing() && lease.is_none() {
                 mark_final(head);
                 return Admission::Pass(None, None);
             }

@@ -49,8 +49,10 @@
 use std::time::Duration;
 
 mod checked;
+mod unit;
 
 pub use checked::QuotaError;
+pub use unit::{CONTENT_BYTES, MAX_UNIT_LEN, Unit, UnitError};
 
 const NANOS_PER_SEC: u64 = 1_000_000_000;
 
@@ -63,6 +65,8 @@ pub struct Quota {
     interval_ns: u64,
     /// How many cost units a fresh state admits at once; 0 = unlimited.
     burst: u32,
+    /// What it counts: requests, or a named unit's band of a tier.
+    unit: Unit,
 }
 
 impl Quota {
@@ -83,6 +87,7 @@ impl Quota {
         Quota {
             interval_ns,
             burst: n,
+            unit: Unit::REQUESTS,
         }
     }
 
@@ -158,6 +163,7 @@ impl Quota {
         Quota {
             interval_ns: 0,
             burst: 0,
+            unit: Unit::REQUESTS,
         }
     }
 
@@ -173,7 +179,21 @@ impl Quota {
         Quota {
             interval_ns: self.interval_ns,
             burst,
+            unit: self.unit,
         }
+    }
+
+    /// What the quota counts: [`Unit::REQUESTS`], or the named unit of a
+    /// tier's unit band
+    /// ([`RateTierBuilder::tier_unit`](crate::RateTierBuilder::tier_unit)).
+    pub const fn unit(&self) -> Unit {
+        self.unit
+    }
+
+    /// The same quota counting `unit`.
+    pub const fn in_unit(mut self, unit: Unit) -> Quota {
+        self.unit = unit;
+        self
     }
 
     /// Whether this is [`Quota::unlimited`].

@@ -11,13 +11,22 @@ use crate::quota::Quota;
 /// counter telling apart bands of one tier with the same window. Storages
 /// key a band's state by it, so a band keeps its state across configuration
 /// changes that keep its window.
+///
+/// A band of a named unit ([`Quota::unit`]) is named apart from the request
+/// bands and from other units' bands: its name carries the unit's
+/// [id](crate::quota::Unit::id), and its counter counts the earlier bands of
+/// the same unit and window only.
 pub fn band_names(bands: &[Quota]) -> impl Iterator<Item = BandName> + '_ {
     bands.iter().enumerate().map(|(i, quota)| {
         let window_ms = window_ms(quota);
-        let repeat = bands[..i].iter().filter(|q| window_ms_eq(q, window_ms)).count();
+        let repeat = bands[..i]
+            .iter()
+            .filter(|q| q.unit() == quota.unit() && window_ms_eq(q, window_ms))
+            .count();
         BandName {
             window_ms,
             repeat: u8::try_from(repeat).unwrap_or(u8::MAX),
+            unit: quota.unit().id(),
         }
     })
 }
@@ -31,17 +40,26 @@ fn window_ms_eq(quota: &Quota, ms: u64) -> bool {
 }
 
 /// The stable name of one band of a tier; see [`band_names`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
 pub struct BandName {
     /// The band's refill window in milliseconds, to the nearest one.
     pub window_ms: u64,
-    /// How many earlier bands of the tier have the same window.
+    /// How many earlier bands of the tier (of its unit) have the same
+    /// window.
     pub repeat: u8,
+    /// The [id](crate::quota::Unit::id) of the unit the band counts: 0 for
+    /// requests.
+    pub unit: u32,
 }
 
 impl fmt::Display for BandName {
-    /// `w3600000`, or `w3600000.1` for a repeated window.
+    /// `w3600000`, or `w3600000.1` for a repeated window; a unit's band
+    /// starts with its unit's id, `u1a2b3c4d.w60000`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.unit != 0 {
+            write!(f, "u{:08x}.", self.unit)?;
+        }
         write!(f, "w{}", self.window_ms)?;
         if self.repeat > 0 {
             write!(f, ".{}", self.repeat)?;

@@ -285,6 +285,14 @@ impl DenyTable {
                     return Decide::ready(Ok(denied));
                 }
             }
+            // An admission that takes a slot: refused when its bands would
+            // be (it takes none then).
+            Op::AcquireEach { amounts, .. } if amounts.len() == bands.len() => {
+                if let Some(denied) = self.check(&name, bands, op.on_bands(), now) {
+                    return Decide::ready(Ok(denied));
+                }
+            }
+            Op::AcquireEach { .. } => return forward(),
         }
         let Ok(kept) = ArrayVec::<Quota, MAX_BANDS>::try_from(bands) else {
             return forward();

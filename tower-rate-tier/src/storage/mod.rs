@@ -106,9 +106,10 @@ pub use memory::{MemoryStorage, MemoryStorageBuilder};
 pub use scope::{ScopeKey, TierScope};
 pub use slots::{Lease, LeaseSet, SlotState, Slots};
 
-/// The most bands one tier may have. Per-band states travel inline for one
-/// band (no allocation per check), so this also bounds every decision.
-pub const MAX_BANDS: usize = 4;
+/// The most bands one decision may have: a tier's request bands and the
+/// bands of its units together. Per-band states travel inline for one band
+/// (no allocation per check).
+pub const MAX_BANDS: usize = 8;
 
 /// Which bucket a decision is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -122,7 +123,11 @@ pub struct StorageKey<'a> {
 }
 
 /// What a decision does to the bands of one key.
+///
+/// New operations may be added: a storage that wraps another passes on
+/// what it does not know.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Op {
     /// Admit and charge `n` units in every band, or charge nothing when any
     /// band denies. `Charge(0)` is a peek.
@@ -136,6 +141,15 @@ pub enum Op {
     Acquire {
         /// The units charged in every band.
         cost: u32,
+        /// The concurrency limit.
+        slots: Slots,
+    },
+    /// [`Op::Acquire`] with an [`Amount`] per band in place of one cost in
+    /// every band (a tier with units: charge the request bands, require
+    /// the unit bands), in one decision.
+    AcquireEach {
+        /// What the admission asks of each band.
+        amounts: Amounts,
         /// The concurrency limit.
         slots: Slots,
     },
@@ -157,7 +171,7 @@ impl Op {
     pub fn units(self) -> u32 {
         match self {
             Op::Charge(n) | Op::Refund(n) | Op::Acquire { cost: n, .. } => n,
-            Op::Release(_) | Op::Each(_) => 0,
+            Op::Release(_) | Op::Each(_) | Op::AcquireEach { .. } => 0,
         }
     }
 
@@ -168,7 +182,7 @@ impl Op {
             Op::Charge(n) | Op::Acquire { cost: n, .. } => (Amount::Charge(n), 0),
             Op::Refund(n) => (Amount::Refund(n), 0),
             Op::Release(_) => (Amount::Charge(0), 0),
-            Op::Each(amounts) => amounts.get(i),
+            Op::Each(amounts) | Op::AcquireEach { amounts, .. } => amounts.get(i),
         }
     }
 
@@ -177,7 +191,7 @@ impl Op {
     /// debt is not clamped back).
     pub fn peek(self) -> Op {
         match self {
-            Op::Each(amounts) => Op::Each(amounts.peek()),
+            Op::Each(amounts) | Op::AcquireEach { amounts, .. } => Op::Each(amounts.peek()),
             _ => Op::Charge(0),
         }
     }
@@ -187,6 +201,7 @@ impl Op {
     pub fn on_bands(self) -> Op {
         match self {
             Op::Acquire { cost, .. } => Op::Charge(cost),
+            Op::AcquireEach { amounts, .. } => Op::Each(amounts),
             Op::Release(_) => Op::Charge(0),
             op => op,
         }

@@ -9,10 +9,11 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 
 use super::table::Table;
+use super::units::{MAX_REQUEST_BANDS, UnitSpecs};
 use super::{Config, IntoTierName, RateTier, TierEntry, TierTable};
 use crate::clock::{Clock, SystemClock};
 use crate::policy::OnMissing;
-use crate::quota::{IntoQuotas, Quota};
+use crate::quota::{IntoQuotas, Quota, UnitError};
 use crate::storage::{MAX_BANDS, MemoryStorage, Storage};
 
 /// Why [`RateTierBuilder::try_build`] refused a configuration.
@@ -29,7 +30,7 @@ pub enum BuildError {
     UnlimitedWithBands(String),
     /// A tier has no band.
     NoBands(String),
-    /// A tier has more than [`MAX_BANDS`] bands.
+    /// A tier has more than [`MAX_REQUEST_BANDS`] request bands.
     TooManyBands(String),
     /// A tier name or the namespace is empty or longer than 255 bytes.
     InvalidName(String),
@@ -40,6 +41,21 @@ pub enum BuildError {
     /// A concurrency limit of 0 (no request could ever pass): for the tier
     /// named.
     ZeroConcurrency(String),
+    /// A tier given to `tier_unit` is not configured.
+    UnknownUnitTier(String),
+    /// A unit's name is not valid or is reserved.
+    InvalidUnit {
+        /// The tier.
+        tier: String,
+        /// What is wrong with the name.
+        error: UnitError,
+    },
+    /// A unit of a tier (tier, unit) has no band, or an unlimited one (a
+    /// unit that is not limited needs no band).
+    InvalidUnitBands(String, String),
+    /// A tier (tier, unit) has more than [`MAX_BANDS`] bands with its
+    /// units.
+    TooManyUnitBands(String, String),
 }
 
 impl fmt::Display for BuildError {
@@ -55,7 +71,19 @@ impl fmt::Display for BuildError {
                 write!(f, "tier `{t}` mixes `Quota::unlimited()` with limited bands")
             }
             BuildError::NoBands(t) => write!(f, "tier `{t}` has no quota"),
-            BuildError::TooManyBands(t) => write!(f, "tier `{t}` has more than {MAX_BANDS} bands"),
+            BuildError::TooManyBands(t) => write!(f, "tier `{t}` has more than {MAX_REQUEST_BANDS} bands"),
+            BuildError::UnknownUnitTier(t) => {
+                write!(f, "the tier `{t}` given a unit is not a configured tier")
+            }
+            BuildError::InvalidUnit { tier, error } => write!(f, "tier `{tier}`: {error}"),
+            BuildError::InvalidUnitBands(t, u) => write!(
+                f,
+                "the unit `{u}` of tier `{t}` needs at least one limited band (`Quota::unlimited()` is not one)"
+            ),
+            BuildError::TooManyUnitBands(t, u) => write!(
+                f,
+                "tier `{t}` has more than {MAX_BANDS} bands with its units (at the unit `{u}`)"
+            ),
             BuildError::UnknownShadowTier(t) => write!(f, "the shadowed tier `{t}` is not a configured tier"),
             BuildError::UnknownConcurrencyTier(t) => {
                 write!(
@@ -90,6 +118,7 @@ pub struct RateTierBuilder {
     namespace: String,
     shadowed: Vec<Cow<'static, str>>,
     concurrency: Vec<(Cow<'static, str>, u32)>,
+    units: UnitSpecs,
     lease: Option<Duration>,
 }
 
@@ -115,6 +144,9 @@ impl RateTierBuilder {
             }
             if let Some(n) = tier.tier_concurrency() {
                 self = self.tier_concurrency(tier.tier_name(), n);
+            }
+            for &(unit, quotas) in tier.tier_units() {
+                self = self.tier_unit(tier, unit, quotas);
             }
         }
         if let Some(default) = T::default_tier() {
@@ -185,6 +217,44 @@ impl RateTierBuilder {
         self
     }
 
+    /// Bands of a named unit for `tier`, besides its request bands:
+    /// `.tier_unit("free", "tokens", [Quota::per_minute(40_000), Quota::per_day(1_000_000)])`
+    /// counts tokens in two bands (a `Quota`'s count is in the unit here).
+    ///
+    /// A request of the tier is admitted when its request bands admit it
+    /// and none of its units is exhausted (at zero, or in debt), in one
+    /// decision that charges the request bands only. Usage is charged to a
+    /// unit when it is known: [`TierUsage`](crate::TierUsage) in a handler,
+    /// [`RateTier::record`] in a program; the layer counts the unit
+    /// [`"content-bytes"`](crate::quota::CONTENT_BYTES) itself from
+    /// response bodies. Usage beyond what is left puts the unit in debt of
+    /// at most one burst of its smallest band; the tier's next requests are
+    /// refused until it is repaid at the unit's rate.
+    ///
+    /// A unit's name is a short token (see [`Unit`](crate::quota::Unit));
+    /// `requests` and `concurrent-requests` are reserved. A unit named again
+    /// for the same tier replaces its bands. Naming a tier that is not
+    /// configured, an invalid name, no band or an unlimited one, or more
+    /// than [`MAX_BANDS`] bands in one tier with its units, is a build
+    /// error. An unlimited tier may have units.
+    ///
+    /// ```
+    /// use tower_rate_tier::{BuildError, Quota, RateTier};
+    ///
+    /// let tiers = RateTier::builder()
+    ///     .tier("free", Quota::per_minute(20))
+    ///     .tier_unit("free", "tokens", [Quota::per_minute(40_000), Quota::per_day(1_000_000)])
+    ///     .build();
+    /// assert_eq!(tiers.unit_quotas("free", "tokens"), Some(vec![Quota::per_minute(40_000), Quota::per_day(1_000_000)]));
+    /// let unknown = RateTier::builder().tier("free", Quota::per_minute(20)).tier_unit("pro", "tokens", Quota::per_minute(1)).try_build();
+    /// assert_eq!(unknown.unwrap_err(), BuildError::UnknownUnitTier("pro".into()));
+    /// ```
+    pub fn tier_unit(mut self, tier: impl IntoTierName, unit: &str, quotas: impl IntoQuotas) -> Self {
+        self.units
+            .push((tier.into_tier_name(), unit.to_owned(), quotas.into_quotas()));
+        self
+    }
+
     /// How long a slot of a concurrency limit counts as in use when it is
     /// not given back (default [`DEFAULT_CONCURRENCY_LEASE`], 2 minutes; at
     /// least 1 ms). A request normally gives its slot back when its response
@@ -245,6 +315,12 @@ impl RateTierBuilder {
                 return Err(BuildError::UnknownConcurrencyTier(name.to_string()));
             };
             *entry = entry.clone().with_concurrency(Some(limit));
+        }
+        for (name, unit, bands) in self.units {
+            let Some(entry) = tiers.iter_mut().find(|t| *t.name == *name) else {
+                return Err(BuildError::UnknownUnitTier(name.to_string()));
+            };
+            *entry = entry.clone().with_unit(&unit, Some(bands))?;
         }
         if let Some(name) = self
             .shadowed

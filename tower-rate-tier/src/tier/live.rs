@@ -160,6 +160,8 @@ impl Clone for TierEntry {
             own_scope: self.own_scope.clone(),
             preparer: self.preparer.clone(),
             bands: self.bands.clone(),
+            decided: self.decided.clone(),
+            units: self.units.clone(),
             max_cost: self.max_cost,
             unlimited: self.unlimited,
             headers: self.headers.clone(),

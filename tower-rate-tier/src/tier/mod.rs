@@ -52,11 +52,15 @@ mod live;
 mod name;
 mod outcome;
 mod table;
+mod units;
+mod usage;
 
 pub use builder::{BuildError, DEFAULT_CONCURRENCY_LEASE, RateTierBuilder};
 pub use name::{IntoTierName, ParseTierError, TierTable};
 pub use outcome::{CheckError, CheckResult, MAX_USER_ID_LEN, RateLimitInfo, RateLimited};
 pub(crate) use outcome::{Detail, outcome};
+pub use units::MAX_REQUEST_BANDS;
+pub(crate) use units::UnitBands;
 
 /// One configured tier, shared by the [`RateTier`] and the outcomes of its
 /// checks.
@@ -74,7 +78,13 @@ pub(crate) struct TierEntry {
     pub(crate) own_scope: std::sync::OnceLock<Arc<dyn TierScope>>,
     /// What prepared it.
     pub(crate) preparer: Arc<Preparer>,
+    /// The request bands.
     pub(crate) bands: Box<[Quota]>,
+    /// The bands every decision of the tier is over: the request bands
+    /// (none for an unlimited tier with units), then each unit's bands.
+    pub(crate) decided: Box<[Quota]>,
+    /// The tier's named units, in the order of their bands in `decided`.
+    pub(crate) units: Box<[UnitBands]>,
     /// The largest cost that can ever pass (the smallest burst).
     pub(crate) max_cost: u32,
     pub(crate) unlimited: bool,
@@ -161,6 +171,25 @@ impl RateTier {
         self.resolve(tier).map(|t| t.bands.to_vec())
     }
 
+    /// The bands of the unit `unit` of a tier now, if the tier has it.
+    pub fn unit_quotas(&self, tier: &str, unit: &str) -> Option<Vec<Quota>> {
+        let entry = self.resolve(tier)?;
+        let unit = entry.unit(unit)?;
+        Some(
+            unit.bands
+                .iter()
+                .map(|q| q.in_unit(crate::quota::Unit::REQUESTS))
+                .collect(),
+        )
+    }
+
+    /// The names of a tier's units now, in the order they were added.
+    pub fn units(&self, tier: &str) -> Vec<String> {
+        self.resolve(tier)
+            .map(|t| t.units.iter().map(|u| u.unit.as_str().to_owned()).collect())
+            .unwrap_or_default()
+    }
+
     /// The concurrency limit of a tier now (at most this many requests of
     /// one user in flight), if it has one.
     pub fn concurrency(&self, tier: &str) -> Option<u32> {
@@ -225,7 +254,7 @@ impl RateTier {
         slot: bool,
     ) -> Begun {
         let slots = tier.concurrency.filter(|_| slot);
-        if (tier.unlimited && slots.is_none())
+        if (tier.unlimited && slots.is_none() && tier.units.is_empty())
             || user.is_empty()
             || user.len() > MAX_USER_ID_LEN
             || cost > tier.max_cost
@@ -233,14 +262,14 @@ impl RateTier {
             return Begun::Answered(self.answer_early(tier, user, cost));
         }
         let op = match slots {
-            Some(limit) => Op::Acquire {
+            Some(limit) => tier.acquire(
                 cost,
-                slots: Slots {
+                Slots {
                     limit: limit.get(),
                     lease: self.inner.lease,
                 },
-            },
-            None => Op::Charge(cost),
+            ),
+            None => tier.admission(cost),
         };
         Begun::Asked(self.decide(user, tier, op))
     }
@@ -264,12 +293,12 @@ impl RateTier {
         if tier.unlimited || cost == 0 || user.is_empty() || user.len() > MAX_USER_ID_LEN {
             return None;
         }
-        Some(self.decide(user, tier, Op::Refund(cost)))
+        Some(self.decide(user, tier, tier.refund(cost)))
     }
 
     #[inline]
     fn decide(&self, user: &str, tier: &TierEntry, op: Op) -> Decide {
-        tier.scope.decide(user, &tier.bands, op, &self.inner.clock)
+        tier.scope.decide(user, &tier.decided, op, &self.inner.clock)
     }
 
     /// What prepares the tiers of this configuration.
@@ -353,6 +382,7 @@ impl PartialEq for TierEntry {
             && self.headers == other.headers
             && self.shadow == other.shadow
             && self.concurrency == other.concurrency
+            && self.units == other.units
     }
 }
 

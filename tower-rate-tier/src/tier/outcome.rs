@@ -89,11 +89,13 @@ macro_rules! outcome_accessors {
                 self.detail.tier.unlimited
             }
 
-            /// Every band of the tier with its state, in the tier's order.
+            /// Every band of the tier with its state, in the tier's order:
+            /// its request bands, then its units' bands (whose
+            /// [`Quota::unit`] names the unit).
             pub fn bands(&self) -> impl Iterator<Item = (Quota, BandState)> + '_ {
                 self.detail
                     .tier
-                    .bands
+                    .decided
                     .iter()
                     .copied()
                     .zip(self.detail.bands.iter().copied())
@@ -243,19 +245,24 @@ pub(crate) fn outcome(tier: &Arc<TierEntry>, d: Decision) -> Result<RateLimitInf
     if let Some(slots) = d.slots.filter(|s| s.refused) {
         return Err(concurrency_limited(tier, d, slots));
     }
+    // An admission reports a request band (a unit's state is in its own
+    // items); a refusal the band that refused longest, a unit's included.
     let pick = if d.allowed {
-        d.bands.iter().enumerate().min_by(|(_, a), (_, b)| {
-            a.remaining
-                .cmp(&b.remaining)
-                .then(b.reset_after_ns.cmp(&a.reset_after_ns))
-        })
+        tier.request_states(&d.bands)
+            .iter()
+            .enumerate()
+            .min_by(|(_, a), (_, b)| {
+                a.remaining
+                    .cmp(&b.remaining)
+                    .then(b.reset_after_ns.cmp(&a.reset_after_ns))
+            })
     } else {
         d.bands.iter().enumerate().max_by_key(|(_, s)| s.retry_after_ns)
     };
     let (band, mut state) = pick.map(|(i, s)| (i, *s)).unwrap_or_default();
-    let mut limit = tier.bands.get(band).map_or(0, Quota::burst);
-    if tier.unlimited {
-        // only a concurrency limit decided
+    let mut limit = tier.decided.get(band).map_or(0, Quota::burst);
+    if tier.unlimited && d.allowed {
+        // no request band decided
         (limit, state.remaining) = (u32::MAX, u32::MAX);
     }
     let detail = Detail {
@@ -327,6 +334,14 @@ pub enum CheckError {
     },
     /// The user id is empty or longer than [`MAX_USER_ID_LEN`] bytes.
     InvalidUserId,
+    /// The tier has no unit of this name
+    /// ([`RateTierBuilder::tier_unit`](crate::RateTierBuilder::tier_unit)).
+    UnknownUnit {
+        /// The tier.
+        tier: String,
+        /// The unit asked for.
+        unit: String,
+    },
 }
 
 impl fmt::Display for CheckError {
@@ -340,6 +355,9 @@ impl fmt::Display for CheckError {
             ),
             CheckError::InvalidUserId => {
                 write!(f, "the user id is empty or longer than {MAX_USER_ID_LEN} bytes")
+            }
+            CheckError::UnknownUnit { tier, unit } => {
+                write!(f, "tier `{tier}` has no unit `{unit}`")
             }
         }
     }

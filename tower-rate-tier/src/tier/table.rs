@@ -8,10 +8,11 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 
 use super::Preparer;
+use super::units::MAX_REQUEST_BANDS;
 use super::{BuildError, TierEntry};
 use crate::headers::TierHeaders;
 use crate::quota::Quota;
-use crate::storage::{MAX_BANDS, TierScope};
+use crate::storage::TierScope;
 
 /// Up to this many tiers, a name is looked up by comparing, not hashing.
 const LINEAR_LOOKUP_MAX_TIERS: usize = 8;
@@ -142,7 +143,7 @@ impl TierEntry {
         if bands.is_empty() {
             return Err(BuildError::NoBands(name.into_owned()));
         }
-        if bands.len() > MAX_BANDS {
+        if bands.len() > MAX_REQUEST_BANDS {
             return Err(BuildError::TooManyBands(name.into_owned()));
         }
         let unlimited = bands.iter().filter(|q| q.is_unlimited()).count();
@@ -166,6 +167,8 @@ impl TierEntry {
             own_scope: std::sync::OnceLock::new(),
             preparer: preparer.clone(),
             name,
+            decided: bands.clone(),
+            units: Box::new([]),
             bands,
             max_cost,
             unlimited,
@@ -179,7 +182,7 @@ impl TierEntry {
     pub(crate) fn with_concurrency(mut self, limit: Option<NonZeroU32>) -> TierEntry {
         if self.concurrency != limit {
             self.concurrency = limit;
-            self.headers = TierHeaders::new(&self.name, &self.bands, limit.map(NonZeroU32::get));
+            self.headers = TierHeaders::new(&self.name, &self.decided, limit.map(NonZeroU32::get));
         }
         self
     }
@@ -199,6 +202,10 @@ impl TierEntry {
                 let own = |_: &str| tier.own_scope().clone();
                 let mut entry = TierEntry::new_in(tier.name.clone(), bands.to_vec(), &tier.preparer, own)?;
                 entry.concurrency = None;
+                // the tier's units, counted in the same bucket as its bands
+                for unit in tier.units.iter() {
+                    entry = entry.with_unit(unit.unit.as_str(), Some(unit.bands.to_vec()))?;
+                }
                 entry
             }
             // the tier's bands, in the tier's bucket

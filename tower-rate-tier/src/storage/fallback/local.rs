@@ -51,6 +51,10 @@ impl Shared {
                 slots: scale_slots(slots, self.share),
             },
             Op::Each(amounts) => Op::Each(scale_debts(amounts, self.share)),
+            Op::AcquireEach { amounts, slots } => Op::AcquireEach {
+                amounts: scale_debts(amounts, self.share),
+                slots: scale_slots(slots, self.share),
+            },
             op => op,
         };
         let decided = match local {
@@ -76,7 +80,9 @@ pub(super) fn scale(quota: &Quota, share: f64) -> Quota {
     // within its type.
     let burst = ((f64::from(quota.burst()) * share).ceil() as u32).max(1);
     let interval = ((quota.emission_interval_nanos() as f64 / share).ceil() as u64).max(1);
-    Quota::per_period(1, Duration::from_nanos(interval)).with_burst(burst)
+    Quota::per_period(1, Duration::from_nanos(interval))
+        .with_burst(burst)
+        .in_unit(quota.unit())
 }
 
 /// A concurrency limit scaled to `share`: `ceil(limit × share)`, at least 1

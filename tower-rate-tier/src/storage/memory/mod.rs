@@ -299,7 +299,9 @@ impl Inner {
     ) -> Result<Decision, StorageError> {
         self.ensure_gc(clock);
         match op {
-            Op::Acquire { cost, slots } => return self.acquire(scope, user, bands, cost, slots, clock),
+            Op::Acquire { slots, .. } | Op::AcquireEach { slots, .. } => {
+                return self.acquire(scope, user, bands, op.on_bands(), slots, clock);
+            }
             Op::Release(lease) => return Ok(self.release(scope, user, lease, clock)),
             Op::Each(amounts) if amounts.len() != bands.len() => {
                 return Err(StorageError::new(
@@ -407,10 +409,7 @@ impl Inner {
         op: Op,
         clock: &Arc<dyn Clock>,
     ) -> Result<Decision, StorageError> {
-        let mut names = [BandName {
-            window_ms: 0,
-            repeat: 0,
-        }; MAX_BANDS];
+        let mut names = [BandName::default(); MAX_BANDS];
         for (slot, name) in names.iter_mut().zip(super::band_names(bands)) {
             *slot = name;
         }

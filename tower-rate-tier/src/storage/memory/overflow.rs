@@ -44,10 +44,7 @@ impl Inner {
         op: Op,
         clock: &Arc<dyn Clock>,
     ) -> Decision {
-        let mut names = [BandName {
-            window_ms: 0,
-            repeat: 0,
-        }; MAX_BANDS];
+        let mut names = [BandName::default(); MAX_BANDS];
         for (slot, name) in names.iter_mut().zip(crate::storage::band_names(bands)) {
             *slot = name;
         }

@@ -25,7 +25,7 @@ use crate::quota::Quota;
 use crate::storage::{BandStates, Decision, Lease, LeaseSet, Op, SlotState, Slots, StorageError};
 
 impl Inner {
-    /// Takes a slot of `user` and charges `cost` in its bands (none for an
+    /// Takes a slot of `user` and carries out `op` on its bands (none for an
     /// unlimited tier), as one decision: the user's slot set stays locked
     /// while the bands decide, so a slot is taken only when every band
     /// admits, and a refusal by either takes and charges nothing.
@@ -34,7 +34,7 @@ impl Inner {
         scope: &Scope,
         user: &str,
         bands: &[Quota],
-        cost: u32,
+        op: Op,
         slots: Slots,
         clock: &Arc<dyn Clock>,
     ) -> Result<Decision, StorageError> {
@@ -61,7 +61,7 @@ impl Inner {
         }
         // The rate state's lock is taken inside this one, never the other
         // way round (an inline sweep at the key cap leaves slot sets alone).
-        let decision = match self.decide(scope, user, bands, Op::Charge(cost), clock) {
+        let decision = match self.decide(scope, user, bands, op, clock) {
             Ok(decision) => decision,
             Err(error) => {
                 drop(set);

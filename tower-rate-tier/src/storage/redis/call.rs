@@ -126,7 +126,9 @@ impl RedisStorage {
     /// future owns them), and sent at once or with the next batch.
     pub(super) fn send(&self, key: StorageKey<'_>, bands: &[Quota], op: Op) -> Decide {
         match op {
-            Op::Acquire { .. } | Op::Release(_) => super::slots::send(&self.inner, key, bands, op),
+            Op::Acquire { .. } | Op::AcquireEach { .. } | Op::Release(_) => {
+                super::slots::send(&self.inner, key, bands, op)
+            }
             // its arguments are not the batch script's: a call of its own
             Op::Each(_) => Decide::pending(self.inner.clone().call(self.inner.args(key, bands, op))),
             Op::Charge(_) | Op::Refund(_) => self.inner.submit(self.inner.args(key, bands, op)),

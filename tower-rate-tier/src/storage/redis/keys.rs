@@ -110,11 +110,17 @@ pub(super) fn feed(mut update: impl FnMut(&[u8]), key: StorageKey<'_>) {
 }
 
 /// Appends a band's name: `w<milliseconds>` (and `.<repeat>`), or
-/// `unlimited`.
+/// `unlimited`; a unit's band starts with the unit's name
+/// (`tokens.w60000`).
 pub(super) fn push_band(key: &mut KeyBuf, quota: &Quota, name: BandName) {
     if quota.is_unlimited() {
         key.extend_from_slice(b"unlimited");
         return;
+    }
+    let unit = quota.unit();
+    if !unit.is_requests() {
+        key.extend_from_slice(unit.as_str().as_bytes());
+        key.push(b'.');
     }
     let mut digits = itoa::Buffer::new();
     key.push(b'w');

@@ -105,7 +105,9 @@ pub(super) fn counted(bands: &[Quota]) -> arrayvec::ArrayVec<Quota, { crate::sto
                 .emission_interval_nanos()
                 .div_ceil(1_000)
                 .clamp(1, MAX_SPAN_US);
-            Quota::per_period(1, std::time::Duration::from_micros(us)).with_burst(quota.burst())
+            Quota::per_period(1, std::time::Duration::from_micros(us))
+                .with_burst(quota.burst())
+                .in_unit(quota.unit())
         })
         .collect()
 }

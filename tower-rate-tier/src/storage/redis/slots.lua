@@ -13,7 +13,9 @@
 -- ARGV[3]      the lease id (the member)
 -- ARGV[4]      the limit (acquire)
 -- ARGV[5]      the lease in microseconds (acquire)
--- ARGV[6..]    per band: interval, tolerance, increment, as for `redis.lua`
+-- ARGV[6..]    per band: interval, tolerance, increment, as for `redis.lua`;
+--              for an admission with an amount per band (mode "e" of
+--              `redis.lua`), then per band: amount and debt bound
 --
 -- Reply: {slot, slots in use after, decision}. slot is 1 when a slot was
 -- taken (or, for a release, given back), 0 when none was free, -1 when a
@@ -26,7 +28,10 @@
 -- and takes the slot only when every band admits. A failure of the bands'
 -- decision (its error reply) is the reply, with no slot taken.
 local nbands = #KEYS - 1
-if nbands < 0 or #ARGV ~= 5 + 3 * nbands then
+local band_mode = "c"
+if nbands > 0 and #ARGV == 5 + 5 * nbands then
+  band_mode = "e"
+elseif nbands < 0 or #ARGV ~= 5 + 3 * nbands then
   return redis.error_reply("ERR tower-rate-tier: bad slot arguments")
 end
 local now
@@ -61,7 +66,7 @@ if in_use >= limit then
 end
 local decision = {1, now}
 if nbands > 0 then
-  local band_keys, band_args = {}, {"c", string.format("%d", now)}
+  local band_keys, band_args = {}, {band_mode, string.format("%d", now)}
   for i = 1, nbands do
     band_keys[i] = KEYS[i + 1]
   end

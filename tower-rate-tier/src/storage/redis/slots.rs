@@ -88,7 +88,9 @@ impl CallArgs for SlotArgs {
 
     fn size(&self) -> usize {
         let bands = self.bands.as_ref().map_or(0, |bands| {
-            bands.keys.iter().map(|k| k.len()).sum::<usize>() + 60 * bands.spans.len()
+            bands.keys.iter().map(|k| k.len()).sum::<usize>()
+                + 60 * bands.spans.len()
+                + 24 * bands.amounts.len()
         });
         self.key.len() + 64 + bands
     }
@@ -109,6 +111,10 @@ impl CallArgs for SlotArgs {
         for span in self.spans() {
             cmd.arg(span[0]).arg(span[1]).arg(span[2]);
         }
+        // an admission with an amount per band (a tier with units)
+        for (kind, debt) in self.bands.iter().flat_map(|bands| &bands.amounts) {
+            cmd.arg(*kind).arg(*debt);
+        }
     }
 }
 
@@ -119,7 +125,7 @@ pub(super) fn send(inner: &Arc<Inner>, key: StorageKey<'_>, bands: &[Quota], op:
     slot_key.extend_from_slice(b"slots");
     let inner = inner.clone();
     match op {
-        Op::Acquire { cost, slots } => {
+        Op::Acquire { slots, .. } | Op::AcquireEach { slots, .. } => {
             let lease = inner.leases.next();
             // a tier without a rate limit has no band to charge
             let unlimited = bands.iter().any(Quota::is_unlimited);
@@ -130,7 +136,7 @@ pub(super) fn send(inner: &Arc<Inner>, key: StorageKey<'_>, bands: &[Quota], op:
                 lease,
                 limit: slots.limit,
                 lease_us: (slots.lease_nanos() / 1_000).max(1),
-                bands: (!unlimited).then(|| Args::new(&inner.keys, key, bands, Op::Charge(cost), now)),
+                bands: (!unlimited).then(|| Args::new(&inner.keys, key, bands, op.on_bands(), now)),
             };
             Decide::pending(async move {
                 let (slot, in_use, decision) = call(&inner, &args, Attempt::Acquire).await?;

@@ -1,0 +1,210 @@
+//! Usage-based quotas through `RateTier`: units besides requests, admission
+//! refused by a unit in debt, reservations settled, usage recorded after
+//! the fact (memory storage; `tests/redis/units.rs` holds Redis to the
+//! same).
+
+use std::time::Duration;
+
+use tower_rate_tier::clock::FakeClock;
+use tower_rate_tier::quota::UnitError;
+use tower_rate_tier::{BuildError, CheckError, Quota, RateTier};
+
+fn llm(clock: &FakeClock) -> RateTier {
+    RateTier::builder()
+        .tier("free", Quota::per_minute(10))
+        .tier_unit(
+            "free",
+            "tokens",
+            [Quota::per_minute(1_000), Quota::per_day(5_000)],
+        )
+        .tier("team", Quota::unlimited())
+        .tier_unit("team", "tokens", Quota::per_minute(100))
+        .clock(clock.clone())
+        .build()
+}
+
+#[tokio::test]
+async fn a_unit_in_debt_refuses_requests_while_request_bands_have_room() {
+    let clock = FakeClock::new();
+    let tiers = llm(&clock);
+    // admission charges requests only: the token bands are untouched
+    let info = tiers.check("ada", "free", 1).await.unwrap().unwrap();
+    assert_eq!((info.limit, info.remaining), (10, 9));
+    let tokens: Vec<u32> = info
+        .bands()
+        .filter(|(q, _)| q.unit().as_str() == "tokens")
+        .map(|(_, s)| s.remaining)
+        .collect();
+    assert_eq!(tokens, [1_000, 5_000]);
+    // 1,500 tokens used: 500 of debt in the minute band (bound: 1,000)
+    tiers.record("ada", "free", "tokens", 1_500).await.unwrap();
+    let refused = tiers.check("ada", "free", 1).await.unwrap().unwrap_err();
+    // the minute band refused: 500 tokens of debt and one token, 60 ms each
+    assert_eq!(refused.retry_after, Duration::from_millis(30_060));
+    assert_eq!(refused.limit, 1_000);
+    assert_eq!(refused.violated_policies().collect::<Vec<_>>(), ["free.tokens.0"]);
+    // nothing was charged to requests by the refusal
+    clock.advance(Duration::from_millis(30_059));
+    assert!(tiers.check("ada", "free", 1).await.unwrap().is_err());
+    clock.advance(Duration::from_millis(1));
+    let info = tiers.check("ada", "free", 1).await.unwrap().unwrap();
+    assert_eq!(info.remaining, 9, "the bucket refilled in 30 s, one charged");
+    // another user is not affected
+    assert!(tiers.check("bob", "free", 1).await.unwrap().is_ok());
+}
+
+#[tokio::test]
+async fn the_debt_is_bounded_by_one_burst_of_the_smallest_band() {
+    let clock = FakeClock::new();
+    let tiers = llm(&clock);
+    tiers.record("ada", "free", "tokens", u32::MAX).await.unwrap();
+    let refused = tiers.check("ada", "free", 1).await.unwrap().unwrap_err();
+    // the minute band: a full burst used and 1,000 of debt; the day band
+    // (smallest burst of the unit: 1,000) 1,000 of debt beyond its 5,000
+    let day_interval = Duration::from_secs(86_400) / 5_000;
+    assert_eq!(refused.retry_after, day_interval * 1_001);
+    // a record of 0 changes nothing
+    tiers.record("bob", "free", "tokens", 0).await.unwrap();
+    assert!(tiers.check("bob", "free", 10).await.unwrap().is_ok());
+}
+
+#[tokio::test]
+async fn reservations_take_up_front_and_settle_what_was_used() {
+    let clock = FakeClock::new();
+    let tiers = llm(&clock);
+    let reserved = tiers
+        .reserve("ada", "free", "tokens", 800)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(reserved.remaining, 10, "a reservation charges no request");
+    // 800 of 1,000 taken: 300 more do not fit, and take nothing
+    let refused = tiers
+        .reserve("ada", "free", "tokens", 300)
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(refused.violated_policies().collect::<Vec<_>>(), ["free.tokens.0"]);
+    assert_eq!(refused.retry_after, Duration::from_millis(100 * 60));
+    // 500 used of 800: 300 come back, so 500 are left
+    tiers.settle("ada", "free", "tokens", 800, 500).await.unwrap();
+    tiers
+        .reserve("ada", "free", "tokens", 500)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(tiers.reserve("ada", "free", "tokens", 1).await.unwrap().is_err());
+    // a settlement above the reservation charges the rest, into debt
+    tiers.settle("ada", "free", "tokens", 500, 700).await.unwrap();
+    let refused = tiers.check("ada", "free", 1).await.unwrap().unwrap_err();
+    assert_eq!(refused.retry_after, Duration::from_millis(201 * 60));
+}
+
+#[tokio::test]
+async fn an_unlimited_tier_is_limited_by_its_units_alone() {
+    let clock = FakeClock::new();
+    let tiers = llm(&clock);
+    for _ in 0..1_000 {
+        assert!(tiers.check("ada", "team", 1).await.unwrap().is_ok());
+    }
+    tiers.record("ada", "team", "tokens", 150).await.unwrap();
+    let refused = tiers.check("ada", "team", 1).await.unwrap().unwrap_err();
+    assert_eq!(refused.limit, 100);
+    assert_eq!(refused.retry_after, Duration::from_millis(51 * 600));
+    assert_eq!(refused.violated_policies().collect::<Vec<_>>(), ["team.tokens"]);
+}
+
+#[tokio::test]
+async fn bad_usage_gets_a_clear_error_and_changes_nothing() {
+    let clock = FakeClock::new();
+    let tiers = llm(&clock);
+    let unknown = tiers.record("ada", "free", "tokenz", 5).await.unwrap_err();
+    assert!(matches!(unknown, CheckError::UnknownUnit { .. }));
+    assert_eq!(unknown.to_string(), "tier `free` has no unit `tokenz`");
+    assert!(matches!(
+        tiers.reserve("ada", "gold", "tokens", 5).await,
+        Err(CheckError::UnknownTier(_))
+    ));
+    assert!(matches!(
+        tiers.record("", "free", "tokens", 5).await,
+        Err(CheckError::InvalidUserId)
+    ));
+    // above the smallest burst a reservation could never fit: not a 429
+    let never = tiers.reserve("ada", "free", "tokens", 1_001).await.unwrap_err();
+    assert!(matches!(
+        never,
+        CheckError::CostExceedsLimit {
+            cost: 1_001,
+            limit: 1_000,
+            ..
+        }
+    ));
+    tiers
+        .reserve("ada", "free", "tokens", 1_000)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(tiers.check("ada", "free", 1).await.unwrap().is_err());
+}
+
+#[test]
+fn unit_configuration_is_checked() {
+    let base = || RateTier::builder().tier("free", Quota::per_minute(10));
+    assert_eq!(
+        base()
+            .tier_unit("pro", "tokens", Quota::per_minute(1))
+            .try_build()
+            .unwrap_err(),
+        BuildError::UnknownUnitTier("pro".into())
+    );
+    for reserved in ["requests", "concurrent-requests"] {
+        assert_eq!(
+            base()
+                .tier_unit("free", reserved, Quota::per_minute(1))
+                .try_build()
+                .unwrap_err(),
+            BuildError::InvalidUnit {
+                tier: "free".into(),
+                error: UnitError::Reserved(reserved.into())
+            }
+        );
+    }
+    let invalid = base()
+        .tier_unit("free", "to\"kens", Quota::per_minute(1))
+        .try_build()
+        .unwrap_err();
+    assert_eq!(
+        invalid.to_string(),
+        "tier `free`: `to\"kens` is not a valid unit name (1 to 24 bytes of a-z, 0-9, `-` and `_`, starting with a letter)"
+    );
+    assert_eq!(
+        base()
+            .tier_unit("free", "tokens", Quota::unlimited())
+            .try_build()
+            .unwrap_err(),
+        BuildError::InvalidUnitBands("free".into(), "tokens".into())
+    );
+    assert_eq!(
+        base()
+            .tier_unit("free", "tokens", Vec::<Quota>::new())
+            .try_build()
+            .unwrap_err(),
+        BuildError::InvalidUnitBands("free".into(), "tokens".into())
+    );
+    let many = base()
+        .tier_unit("free", "tokens", [Quota::per_second(1); 4])
+        .tier_unit("free", "bytes", [Quota::per_second(1); 4])
+        .try_build()
+        .unwrap_err();
+    assert_eq!(many, BuildError::TooManyUnitBands("free".into(), "bytes".into()));
+    // a unit named again replaces its bands
+    let tiers = base()
+        .tier_unit("free", "tokens", Quota::per_minute(1))
+        .tier_unit("free", "tokens", Quota::per_minute(2))
+        .build();
+    assert_eq!(
+        tiers.unit_quotas("free", "tokens"),
+        Some(vec![Quota::per_minute(2)])
+    );
+    assert_eq!(tiers.units("free"), ["tokens"]);
+}

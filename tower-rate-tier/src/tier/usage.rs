@@ -1,0 +1,166 @@
+//! Usage of a tier's units from a program: [`RateTier::record`],
+//! [`RateTier::reserve`] and [`RateTier::settle`]. A handler behind the
+//! layer uses [`TierUsage`](crate::TierUsage), which calls the same.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! use std::time::Duration;
+//! use tower_rate_tier::{Quota, RateTier, clock::FakeClock};
+//!
+//! let clock = FakeClock::new();
+//! let tiers = RateTier::builder()
+//!     .tier("free", Quota::per_minute(20))
+//!     .tier_unit("free", "tokens", Quota::per_minute(1_000))
+//!     .clock(clock.clone())
+//!     .build();
+//! // reserve an estimate, then settle what was used: 300 of 800 come back
+//! tiers.reserve("ada", "free", "tokens", 800).await.unwrap().unwrap();
+//! tiers.settle("ada", "free", "tokens", 800, 500).await.unwrap();
+//! // usage known only afterwards: 1,200 more, beyond the 500 left (a debt
+//! // of 700 tokens, within the bound of one burst)
+//! tiers.record("ada", "free", "tokens", 1_200).await.unwrap();
+//! // the next request waits until the debt is repaid and a token is back
+//! let refused = tiers.check("ada", "free", 1).await.unwrap().unwrap_err();
+//! assert_eq!(refused.retry_after, Duration::from_millis(42_060));
+//! # }
+//! ```
+
+use super::{CheckError, CheckResult, MAX_USER_ID_LEN, RateTier, TierEntry, UnitBands, check_result};
+use crate::storage::{Amount, Decide, Decision};
+
+impl RateTier {
+    /// Charges `n` units of `unit` that `user` of `tier` used, whatever is
+    /// left: beyond it the unit goes into debt, of at most one burst of its
+    /// smallest band (usage beyond that bound is forgiven, and logged). The
+    /// tier's next requests are refused while the unit is in debt. A record
+    /// of 0 changes nothing. An unknown tier or unit is an error, and so is
+    /// a storage failure (nothing recorded).
+    pub async fn record(&self, user: &str, tier: &str, unit: &str, n: u32) -> Result<(), CheckError> {
+        let entry = self.unit_tier(tier, unit)?;
+        let Some(decide) = self.start_usage(user, &entry, unit, Amount::Force(n))? else {
+            return Ok(());
+        };
+        let decision = decide.await?;
+        let forgiven = forgiven(&entry, unit, &decision);
+        if forgiven > 0 {
+            tracing::warn!(target: "tower_rate_tier", tier, unit, forgiven, "usage beyond the unit's debt bound was forgiven");
+        }
+        Ok(())
+    }
+
+    /// Takes `n` units of `unit` from `user` of `tier` up front, when they
+    /// fit in every band of the unit: `Ok(Ok(_))` when taken, `Ok(Err(_))`
+    /// when refused (nothing taken; the refusal reports the unit's band),
+    /// as [`RateTier::check`] answers. Settle it with [`RateTier::settle`]
+    /// once the usage is known. `n` above the smallest burst of the unit
+    /// could never fit: [`CheckError::CostExceedsLimit`].
+    pub async fn reserve(&self, user: &str, tier: &str, unit: &str, n: u32) -> CheckResult {
+        let entry = self.unit_tier(tier, unit)?;
+        match self.start_usage(user, &entry, unit, Amount::Charge(n))? {
+            Some(decide) => check_result(&entry, decide.await),
+            None => Ok(Ok(super::RateLimitInfo::unlimited(
+                &entry,
+                self.inner.clock.now(),
+            ))),
+        }
+    }
+
+    /// Settles a reservation of `reserved` units of `unit` once `used` is
+    /// known: gives back the unused part, or charges what exceeds it as
+    /// [`RateTier::record`] does.
+    pub async fn settle(
+        &self,
+        user: &str,
+        tier: &str,
+        unit: &str,
+        reserved: u32,
+        used: u32,
+    ) -> Result<(), CheckError> {
+        let entry = self.unit_tier(tier, unit)?;
+        if let Some(decide) = self.start_usage(user, &entry, unit, settlement(reserved, used))? {
+            decide.await?;
+        }
+        Ok(())
+    }
+
+    /// The tier named `tier` now, when it has the unit `unit`.
+    fn unit_tier(&self, tier: &str, unit: &str) -> Result<std::sync::Arc<TierEntry>, CheckError> {
+        let entry = self
+            .resolve(tier)
+            .ok_or_else(|| CheckError::UnknownTier(tier.to_owned()))?;
+        if entry.unit(unit).is_none() {
+            return Err(CheckError::UnknownUnit {
+                tier: tier.to_owned(),
+                unit: unit.to_owned(),
+            });
+        }
+        Ok(entry)
+    }
+
+    /// Starts doing `amount` to the bands of `unit` of `user` in `tier`;
+    /// `None` when there is nothing to do (an amount of 0). A charge above
+    /// the unit's smallest burst could never fit, and an invalid user id or
+    /// an unknown unit is refused.
+    pub(crate) fn start_usage(
+        &self,
+        user: &str,
+        tier: &TierEntry,
+        unit: &str,
+        amount: Amount,
+    ) -> Result<Option<Decide>, CheckError> {
+        let Some(bands) = tier.unit(unit) else {
+            return Err(CheckError::UnknownUnit {
+                tier: tier.name.to_string(),
+                unit: unit.to_owned(),
+            });
+        };
+        if user.is_empty() || user.len() > MAX_USER_ID_LEN {
+            return Err(CheckError::InvalidUserId);
+        }
+        match amount {
+            Amount::Charge(0) | Amount::Force(0) | Amount::Refund(0) => return Ok(None),
+            Amount::Charge(n) if n > bands.max => {
+                return Err(CheckError::CostExceedsLimit {
+                    tier: format!("{} ({unit})", tier.name),
+                    cost: n,
+                    limit: bands.max,
+                });
+            }
+            _ => {}
+        }
+        let op = tier.on_unit(bands, amount);
+        Ok(Some(tier.scope.decide(
+            user,
+            &tier.decided,
+            op,
+            &self.inner.clock,
+        )))
+    }
+}
+
+/// What settles a reservation of `reserved` units once `used` is known.
+pub(crate) fn settlement(reserved: u32, used: u32) -> Amount {
+    match used.checked_sub(reserved) {
+        Some(more) => Amount::Force(more),
+        None => Amount::Refund(reserved - used),
+    }
+}
+
+/// The units of `unit` a decision forgave (the most any of its bands did).
+pub(crate) fn forgiven(tier: &TierEntry, unit: &str, decision: &Decision) -> u32 {
+    let Some(bands) = tier.unit(unit) else {
+        return 0;
+    };
+    decision
+        .bands
+        .get(bands.range())
+        .map_or(0, |states| states.iter().map(|s| s.forgiven).max().unwrap_or(0))
+}
+
+impl UnitBands {
+    /// Where the unit's bands stand in [`TierEntry::decided`].
+    pub(crate) fn range(&self) -> std::ops::Range<usize> {
+        self.at..self.at + self.bands.len()
+    }
+}
