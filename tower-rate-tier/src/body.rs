@@ -12,6 +12,7 @@ use http::Response;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
+use crate::meter::ContentMeter;
 use crate::slot::SlotGuard;
 
 pin_project! {
@@ -20,12 +21,14 @@ pin_project! {
     ///
     /// The body of a request that holds a slot of its tier's concurrency
     /// limit holds it until the body ends (its last frame is read, or it
-    /// fails) or is dropped.
+    /// fails) or is dropped. The body of a request whose tier counts the
+    /// unit `content-bytes` counts its data frames as they are read, and
+    /// charges them when it ends or is dropped.
     #[derive(Debug)]
     pub struct ResponseBody<B> {
         #[pin]
         kind: Kind<B>,
-        slot: Option<SlotGuard>,
+        held: Held,
     }
 }
 
@@ -41,14 +44,15 @@ pin_project! {
 impl<B> ResponseBody<B> {
     /// The inner service's body.
     pub fn inner(body: B) -> Self {
-        ResponseBody::holding(body, None)
+        ResponseBody::holding(body, None, None)
     }
 
-    /// The inner service's body, holding the request's slot until it ends.
-    pub(crate) fn holding(body: B, slot: Option<SlotGuard>) -> Self {
+    /// The inner service's body, holding the request's slot and counting
+    /// its content until it ends.
+    pub(crate) fn holding(body: B, slot: Option<SlotGuard>, meter: Option<ContentMeter>) -> Self {
         ResponseBody {
             kind: Kind::Inner { body },
-            slot,
+            held: Held { slot, meter },
         }
     }
 
@@ -57,7 +61,7 @@ impl<B> ResponseBody<B> {
         let body = (!body.is_empty()).then_some(body);
         ResponseBody {
             kind: Kind::Refusal { body },
-            slot: None,
+            held: Held::default(),
         }
     }
 
@@ -82,14 +86,21 @@ where
         match this.kind.project() {
             KindProj::Inner { mut body } => {
                 let frame = body.as_mut().poll_frame(cx);
+                if let (Poll::Ready(Some(Ok(frame))), Some(meter)) = (&frame, &mut this.held.meter) {
+                    if let Some(data) = frame.data_ref() {
+                        meter.count(data.len());
+                    }
+                }
                 let ended = match &frame {
                     Poll::Ready(None | Some(Err(_))) => true,
                     Poll::Ready(Some(Ok(_))) => body.is_end_stream(),
                     Poll::Pending => false,
                 };
                 if ended {
-                    // the response is over: its slot is given back
-                    this.slot.take();
+                    // the response is over: its slot is given back, its
+                    // content charged
+                    this.held.slot.take();
+                    this.held.meter.take();
                 }
                 frame
             }
@@ -110,6 +121,14 @@ where
             Kind::Refusal { body } => SizeHint::with_exact(body.as_ref().map_or(0, |b| b.len() as u64)),
         }
     }
+}
+
+/// What a body holds for the request until it ends: its slot, its content
+/// meter.
+#[derive(Debug, Default)]
+struct Held {
+    slot: Option<SlotGuard>,
+    meter: Option<ContentMeter>,
 }
 
 /// Marks, in its extensions, a response the limiter answered itself: a

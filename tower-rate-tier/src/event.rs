@@ -1,7 +1,7 @@
 //! [`RateLimitEvent`]: what the limiter reports to operators.
 
 use crate::storage::StorageError;
-use crate::tier::RateLimited;
+use crate::tier::{CheckError, RateLimited};
 
 /// Something the limiter decided that an operator may want to know; see
 /// [`TierLimitLayer::on_event`](crate::TierLimitLayer::on_event). The same
@@ -121,6 +121,33 @@ pub enum RateLimitEvent<'a> {
     Fallback {
         /// Whether decisions now come from the local limiter.
         active: bool,
+    },
+    /// Usage recorded beyond what a unit had left went past its debt bound
+    /// (one burst of the unit's smallest band): the excess was forgiven.
+    UsageForgiven {
+        /// The user's pseudonym (never the id).
+        user: &'a str,
+        /// The tier.
+        tier: &'a str,
+        /// The unit.
+        unit: &'a str,
+        /// The units forgiven (of the band that forgave most).
+        units: u32,
+    },
+    /// Usage could not be recorded: the storage failed (with no fallback
+    /// to take it), or the tier has no such unit.
+    UsageLost {
+        /// The user's pseudonym (never the id).
+        user: &'a str,
+        /// The tier.
+        tier: &'a str,
+        /// The unit, as the program named it (escaped, cut at 64
+        /// characters).
+        unit: &'a str,
+        /// The units that were not recorded.
+        units: u32,
+        /// Why.
+        error: &'a CheckError,
     },
     /// The client was not identified (or its user id was empty or too long).
     Unidentified,

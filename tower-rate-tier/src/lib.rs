@@ -103,6 +103,7 @@ pub mod grpc;
 mod headers;
 pub mod identity;
 mod limit;
+mod meter;
 #[cfg(feature = "metrics")]
 pub mod metrics;
 pub mod policy;
@@ -113,6 +114,7 @@ pub mod response;
 mod slot;
 pub mod storage;
 pub mod tier;
+mod usage;
 #[cfg(test)]
 mod warnings_for_tests;
 
@@ -133,6 +135,7 @@ pub use tier::{
 };
 #[cfg(feature = "macros")]
 pub use tower_rate_tier_macros::{rate_tiers, tier_cost};
+pub use usage::{TierRefusal, TierUsage};
 
 /// The README's code blocks, compiled and run as doc tests (they use the
 /// default features).

@@ -152,6 +152,7 @@ struct Warnings {
     check: Throttle,
     refund: Throttle,
     own_quotas: Throttle,
+    usage: Throttle,
 }
 
 impl Default for Warnings {
@@ -164,6 +165,7 @@ impl Default for Warnings {
             check: Throttle::default(),
             refund: Throttle::default(),
             own_quotas: Throttle::default(),
+            usage: Throttle::default(),
         }
     }
 }
@@ -327,6 +329,42 @@ impl Refusals {
     pub(crate) fn own_quotas_ignored(&self, tier: &str, error: &dyn fmt::Display) {
         if let Some(skipped) = self.warnings.due(&self.warnings.own_quotas) {
             tracing::warn!(target: "tower_rate_tier", tier, %error, skipped, "an identity's own quotas were ignored");
+        }
+    }
+
+    /// Usage beyond a unit's debt bound was forgiven: reported, never lost
+    /// silently.
+    pub(crate) fn usage_forgiven(&self, user: &str, tier: &str, unit: &str, units: u32) {
+        if let Some(skipped) = self.warnings.due(&self.warnings.usage) {
+            tracing::warn!(target: "tower_rate_tier", tier, unit, units, skipped, "usage beyond the unit's debt bound was forgiven");
+        }
+        if self.on_event.is_some() {
+            let user = self.pseudonyms.of(user);
+            self.event(&RateLimitEvent::UsageForgiven {
+                user: user.as_str(),
+                tier,
+                unit,
+                units,
+            });
+        }
+    }
+
+    /// Usage that could not be recorded (the storage failed, an unknown
+    /// unit): counted and logged.
+    pub(crate) fn usage_lost(&self, user: &str, tier: &str, unit: &str, units: u32, error: &CheckError) {
+        if let Some(skipped) = self.warnings.due(&self.warnings.usage) {
+            tracing::warn!(target: "tower_rate_tier", tier, unit = %shown(unit), units, %error, skipped, "usage was not recorded");
+        }
+        if self.on_event.is_some() {
+            let user = self.pseudonyms.of(user);
+            let unit = shown(unit);
+            self.event(&RateLimitEvent::UsageLost {
+                user: user.as_str(),
+                tier,
+                unit: &unit,
+                units,
+                error,
+            });
         }
     }
 

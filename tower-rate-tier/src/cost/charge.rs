@@ -12,6 +12,7 @@ use super::Source;
 use super::learned::{Learned, RouteKey};
 use crate::body::Refusal;
 use crate::headers::RateLimitHeaders;
+use crate::quota::Unit;
 use crate::refusal::{Refusals, missing_limiter};
 use crate::response::{apply_info_fields, apply_limited_fields};
 use crate::tier::{Begun, CheckError, RateLimitInfo, RateLimited, RateTier, TierEntry, check_result};
@@ -63,6 +64,8 @@ pub(crate) struct ChargeState {
     learned: bool,
     /// The strongest route-level declaration seen, whatever came of it.
     declared: Option<(u32, Source)>,
+    /// Units reserved and not yet settled, per unit.
+    pub(super) reserved: SmallVec<[(Unit, u32); 1]>,
 }
 
 impl ChargeState {
@@ -75,6 +78,7 @@ impl ChargeState {
             outcome,
             learned,
             declared: None,
+            reserved: SmallVec::new(),
         }
     }
 }
@@ -82,9 +86,9 @@ impl ChargeState {
 /// The limiter's handle on one request's charge, shared with route-level
 /// cost declarations through the request extensions.
 pub(crate) struct Charge {
-    ledger: Arc<Ledger>,
-    user: String,
-    tier: Arc<TierEntry>,
+    pub(super) ledger: Arc<Ledger>,
+    pub(super) user: String,
+    pub(super) tier: Arc<TierEntry>,
     route: Option<(Method, RouteKey)>,
     state: Mutex<ChargeState>,
 }
@@ -128,7 +132,7 @@ impl Charge {
         &self.tier.name
     }
 
-    fn lock(&self) -> MutexGuard<'_, ChargeState> {
+    pub(super) fn lock(&self) -> MutexGuard<'_, ChargeState> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 

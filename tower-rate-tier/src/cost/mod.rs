@@ -111,6 +111,7 @@ mod charge;
 pub(crate) mod extract;
 mod layer;
 mod learned;
+mod usage;
 
 pub(crate) use charge::{Charge, ChargeState, Charges, Ledger, Outcome};
 pub use layer::{TierCostFuture, TierCostLayer, TierCostService, tier_cost};

@@ -70,10 +70,13 @@ pub(crate) fn finish<B>(
     charge: Option<&Arc<Charge>>,
     slot: Option<SlotGuard>,
 ) -> Response<ResponseBody<B>> {
-    if let Some(charge) = charge {
+    let meter = charge.and_then(|charge| {
         charge.finish(&mut response);
-    }
-    response.map(|body| ResponseBody::holding(body, slot))
+        // a refusal's content is the limiter's, and counts nothing
+        let refused = response.extensions().get::<crate::body::Refusal>().is_some();
+        (!refused).then(|| charge.content_meter()).flatten()
+    });
+    response.map(|body| ResponseBody::holding(body, slot, meter))
 }
 
 impl<F, B, E> Future for ResponseFuture<F, B, E>

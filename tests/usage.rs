@@ -1,0 +1,262 @@
+//! Usage recorded by handlers behind the layer: `TierUsage` reservations and
+//! records, refusals by a unit, and `content-bytes` counted from response
+//! bodies (memory storage, a fake clock).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::routing::get;
+use bytes::Bytes;
+use http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use tower::ServiceExt;
+use tower_rate_tier::clock::FakeClock;
+use tower_rate_tier::{Quota, RateLimitEvent, RateTier, TierLimitLayer, TierRefusal, TierUsage};
+use tower_rate_tier_tests::reply::{header_identity, send};
+
+fn tiers(clock: &FakeClock) -> RateTier {
+    RateTier::builder()
+        .tier("free", Quota::per_minute(10))
+        .tier_unit("free", "tokens", Quota::per_minute(1_000))
+        .tier_unit("free", "content-bytes", Quota::per_minute(100))
+        .clock(clock.clone())
+        .build()
+}
+
+/// The units of `unit` left to `user` now (0 while in debt).
+async fn left(tiers: &RateTier, user: &str, unit: &str) -> u32 {
+    let state = tiers.check(user, "free", 0).await.unwrap();
+    let bands: Vec<_> = match &state {
+        Ok(info) => info.bands().collect(),
+        Err(limited) => limited.bands().collect(),
+    };
+    bands
+        .iter()
+        .find(|(q, _)| q.unit().as_str() == unit)
+        .map(|(_, s)| s.remaining)
+        .expect("the tier has the unit")
+}
+
+/// `/complete?reserve=R&use=U`: reserves R tokens, records U (none when
+/// absent); `/fail?reserve=R` reserves and fails without recording.
+fn routes() -> Router {
+    async fn complete(usage: TierUsage, uri: http::Uri) -> Result<String, TierRefusal> {
+        let query = uri.query().unwrap_or("");
+        let arg = |name: &str| {
+            query
+                .split('&')
+                .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+                .map(|v| v.parse::<u32>().unwrap())
+        };
+        if let Some(n) = arg("reserve") {
+            usage.reserve("tokens", n).await?;
+        }
+        if let Some(n) = arg("use") {
+            usage.record("tokens", n);
+        }
+        Ok("done".into())
+    }
+    async fn fail(usage: TierUsage) -> Result<StatusCode, TierRefusal> {
+        usage.reserve("tokens", 400).await?;
+        Ok(StatusCode::INTERNAL_SERVER_ERROR)
+    }
+    Router::new()
+        .route("/complete", get(complete))
+        .route("/fail", get(fail))
+        .route("/bytes", get(|| async { Body::from(vec![b'x'; 30]) }))
+        .route("/empty", get(|| async { StatusCode::NO_CONTENT }))
+        .route(
+            "/typo",
+            get(|usage: TierUsage| async move { usage.reserve("tokenz", 1).await.map(|()| "ok") }),
+        )
+}
+
+fn app(tiers: &RateTier) -> Router {
+    routes().layer(TierLimitLayer::new(tiers.clone()).identifier_fn(header_identity))
+}
+
+fn get_as(user: &str, uri: &str) -> Request<Body> {
+    Request::get(uri)
+        .header("x-user", user)
+        .body(Body::empty())
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_reservation_gives_back_what_was_not_used() {
+    let clock = FakeClock::new();
+    let tiers = tiers(&clock);
+    let app = app(&tiers);
+    let reply = send(&app, get_as("ada", "/complete?reserve=800&use=300")).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(left(&tiers, "ada", "tokens").await, 700);
+    // the response's fields name the unit's item
+    let policy = reply.header("ratelimit-policy").unwrap();
+    assert!(policy.contains(r#""free.tokens";q=1000;w=60"#), "{policy}");
+    assert!(
+        policy.contains(r#""free.content-bytes";q=100;w=60;qu="content-bytes""#),
+        "{policy}"
+    );
+}
+
+#[tokio::test]
+async fn a_refused_reservation_is_a_429_that_consumes_nothing() {
+    let clock = FakeClock::new();
+    let tiers = tiers(&clock);
+    let app = app(&tiers);
+    send(&app, get_as("ada", "/complete?reserve=900")).await;
+    let requests_before = tiers.check("ada", "free", 0).await.unwrap().unwrap().remaining;
+    let refused = send(&app, get_as("ada", "/complete?reserve=200")).await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    // 100 tokens short, 60 ms each
+    assert_eq!(refused.header("retry-after"), Some("6"));
+    let body = refused.json();
+    assert_eq!(body["violated-policies"], serde_json::json!(["free.tokens"]));
+    assert!(
+        refused
+            .header("ratelimit")
+            .unwrap()
+            .contains(r#""free.tokens";r=100;t=6"#)
+    );
+    // the request's own charge came back, and no token was taken
+    let requests_after = tiers.check("ada", "free", 0).await.unwrap().unwrap().remaining;
+    assert_eq!(requests_after, requests_before);
+    assert_eq!(left(&tiers, "ada", "tokens").await, 100);
+}
+
+#[tokio::test]
+async fn usage_beyond_what_is_left_is_a_debt_that_refuses_the_next_requests() {
+    let clock = FakeClock::new();
+    let tiers = tiers(&clock);
+    let app = app(&tiers);
+    // 100 reserved, 1,500 used: 500 of debt
+    assert_eq!(
+        send(&app, get_as("ada", "/complete?reserve=100&use=1500"))
+            .await
+            .status,
+        StatusCode::OK
+    );
+    let refused = send(&app, get_as("ada", "/complete")).await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    // 500 tokens of debt and one token, 60 ms each: 30.06 s
+    assert_eq!(refused.header("retry-after"), Some("31"));
+    clock.advance(Duration::from_millis(30_059));
+    assert_eq!(
+        send(&app, get_as("ada", "/complete")).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    clock.advance(Duration::from_millis(1));
+    assert_eq!(
+        send(&app, get_as("ada", "/complete")).await.status,
+        StatusCode::OK
+    );
+}
+
+#[tokio::test]
+async fn usage_beyond_the_debt_bound_is_forgiven_and_reported() {
+    let clock = FakeClock::new();
+    let tiers = tiers(&clock);
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let seen = events.clone();
+    let app = routes().layer(
+        TierLimitLayer::new(tiers.clone())
+            .identifier_fn(header_identity)
+            .on_event(move |event| {
+                if let RateLimitEvent::UsageForgiven { unit, units, .. } = event {
+                    seen.lock().unwrap().push((unit.to_string(), *units));
+                }
+            }),
+    );
+    send(&app, get_as("ada", "/complete?use=5000")).await;
+    // 1,000 left and 1,000 of debt taken: 3,000 forgiven
+    assert_eq!(*events.lock().unwrap(), [("tokens".to_owned(), 3_000)]);
+}
+
+#[tokio::test]
+async fn a_reservation_never_recorded_stays_charged() {
+    let clock = FakeClock::new();
+    let tiers = tiers(&clock);
+    let app = app(&tiers);
+    let reply = send(&app, get_as("ada", "/fail")).await;
+    assert_eq!(reply.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(left(&tiers, "ada", "tokens").await, 600);
+}
+
+#[tokio::test]
+async fn an_unknown_unit_or_a_missing_limiter_is_a_500_that_says_so() {
+    let clock = FakeClock::new();
+    let tiers = tiers(&clock);
+    let typo = send(&app(&tiers), get_as("ada", "/typo")).await;
+    assert_eq!(typo.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(typo.json()["unit"], "tokenz");
+    let bare = send(&routes(), get_as("ada", "/complete?reserve=1")).await;
+    assert_eq!(bare.status, StatusCode::INTERNAL_SERVER_ERROR);
+}
+
+#[tokio::test]
+async fn content_bytes_are_counted_from_the_body_read() {
+    let clock = FakeClock::new();
+    let tiers = tiers(&clock);
+    let app = app(&tiers);
+    send(&app, get_as("ada", "/bytes")).await;
+    assert_eq!(left(&tiers, "ada", "content-bytes").await, 70);
+    // a body with no content, and one never read, count nothing
+    send(&app, get_as("ada", "/empty")).await;
+    let unread = app.clone().oneshot(get_as("ada", "/bytes")).await.unwrap();
+    drop(unread);
+    let head = Request::head("/bytes")
+        .header("x-user", "ada")
+        .body(Body::empty())
+        .unwrap();
+    let head = app.clone().oneshot(head).await.unwrap();
+    drop(head);
+    assert_eq!(left(&tiers, "ada", "content-bytes").await, 70);
+}
+
+#[tokio::test]
+async fn a_streamed_body_is_counted_as_read_and_charged_when_dropped_half_way() {
+    let clock = FakeClock::new();
+    let tiers = tiers(&clock);
+    let app = Router::new()
+        .route("/stream", get(|| async { Body::new(Chunks(4)) }))
+        .layer(TierLimitLayer::new(tiers.clone()).identifier_fn(header_identity));
+    // read whole: 40 bytes
+    send(&app, get_as("ada", "/stream")).await;
+    assert_eq!(left(&tiers, "ada", "content-bytes").await, 60);
+    // two frames read, then dropped: 20 bytes
+    let response = app.clone().oneshot(get_as("ada", "/stream")).await.unwrap();
+    let mut body = response.into_body();
+    for _ in 0..2 {
+        body.frame().await.unwrap().unwrap();
+    }
+    assert_eq!(
+        left(&tiers, "ada", "content-bytes").await,
+        60,
+        "charged when it ends, not before"
+    );
+    drop(body);
+    assert_eq!(left(&tiers, "ada", "content-bytes").await, 40);
+}
+
+/// A body of `n` frames of 10 bytes, one per poll.
+struct Chunks(u32);
+
+impl http_body::Body for Chunks {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        if self.0 == 0 {
+            return std::task::Poll::Ready(None);
+        }
+        self.0 -= 1;
+        std::task::Poll::Ready(Some(Ok(http_body::Frame::data(Bytes::from_static(
+            b"0123456789",
+        )))))
+    }
+}

@@ -1,0 +1,182 @@
+//! A request's usage of its tier's units, through its charge: reservations
+//! taken up front, usage recorded when it is known, the bytes of content
+//! its response body carried.
+//!
+//! A reservation is kept in the charge until it is settled by a record of
+//! the same unit; one never settled stays charged (the work it stood for
+//! may have been done: the client went away, the handler failed after
+//! using it).
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::Response;
+
+use super::Charge;
+use crate::meter::{ContentMeter, UsageSink};
+use crate::quota::{CONTENT_BYTES, Unit};
+use crate::storage::{Amount, Decide, Decision, StorageError};
+use crate::tier::{CheckError, check_result, forgiven, settlement};
+
+impl Charge {
+    /// Whether this charge's tier counts `unit`.
+    pub(crate) fn counts(&self, unit: &str) -> bool {
+        self.tier.unit(unit).is_some()
+    }
+
+    /// Takes `n` units of `unit` up front: `Err` is the refusal to answer
+    /// with (429 with the unit's fields, or 403 when `n` could never fit).
+    /// In shadow mode a would-be refusal is reported and let through,
+    /// reserving nothing.
+    pub(crate) async fn reserve(&self, unit: &str, n: u32) -> Result<(), Response<Bytes>> {
+        let tiers = &self.ledger.tiers;
+        let refusals = &self.ledger.refusals;
+        let shadowed = self.ledger.shadowed(&self.tier);
+        let decided = match tiers.start_usage(&self.user, &self.tier, unit, Amount::Charge(n)) {
+            Ok(None) => return Ok(()),
+            Ok(Some(decide)) => check_result(&self.tier, decide.await),
+            Err(error) => Err(error),
+        };
+        match decided {
+            Ok(Ok(_)) => {
+                self.add_reserved(unit, n);
+                Ok(())
+            }
+            Ok(Err(limited)) if shadowed => {
+                refusals.shadow_limited(&self.user, n, &limited);
+                Ok(())
+            }
+            Ok(Err(limited)) => Err(refusals.limited(&self.user, n, &limited)),
+            Err(CheckError::Storage(error)) => {
+                match refusals.storage_failed(&self.user, &self.tier.name, &error) {
+                    // let through (fail open): nothing reserved
+                    None => Ok(()),
+                    Some(refusal) => Err(refusal),
+                }
+            }
+            Err(error) => {
+                let refusal = refusals.check_failed(&self.user, &self.tier.name, n, &error);
+                if shadowed { Ok(()) } else { Err(refusal) }
+            }
+        }
+    }
+
+    /// Settles `unit` at `used` units: the reservation's unused part given
+    /// back, or what exceeds it charged, into debt if need be. Never waits:
+    /// a storage that must is answered in a task of its own.
+    pub(crate) fn record(&self, unit: &str, used: u32) {
+        let reserved = self.take_reserved(unit);
+        let amount = settlement(reserved, used);
+        match self
+            .ledger
+            .tiers
+            .start_usage(&self.user, &self.tier, unit, amount)
+        {
+            Ok(None) => {}
+            Ok(Some(decide)) => self.settled(unit, used, decide),
+            Err(error) => self
+                .ledger
+                .refusals
+                .usage_lost(&self.user, &self.tier.name, unit, used, &error),
+        }
+    }
+
+    /// Reports what a settlement forgave, or lost, now or when the storage
+    /// answers.
+    fn settled(&self, unit: &str, used: u32, decide: Decide) {
+        let report = {
+            let ledger = self.ledger.clone();
+            let user = self.user.clone();
+            let tier = self.tier.clone();
+            let unit = unit.to_owned();
+            move |decided: Result<Decision, StorageError>| match decided {
+                Ok(decision) => {
+                    let units = forgiven(&tier, &unit, &decision);
+                    if units > 0 {
+                        ledger.refusals.usage_forgiven(&user, &tier.name, &unit, units);
+                    }
+                }
+                Err(error) => {
+                    let error = CheckError::Storage(error);
+                    ledger.refusals.usage_lost(&user, &tier.name, &unit, used, &error);
+                }
+            }
+        };
+        match decide.into_ready() {
+            Ok(decided) => report(decided),
+            Err(pending) => match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => {
+                    runtime.spawn(async move { report(pending.await) });
+                }
+                Err(_) => {
+                    let error = CheckError::Storage(StorageError::new(
+                        crate::storage::StorageErrorKind::Other,
+                        "the storage waits and no tokio runtime runs here",
+                    ));
+                    self.ledger
+                        .refusals
+                        .usage_lost(&self.user, &self.tier.name, unit, used, &error);
+                }
+            },
+        }
+    }
+
+    /// Gives back `n` units of `unit` this charge reserved (a reservation
+    /// another limiter refused).
+    pub(crate) fn unreserve(&self, unit: &str, n: u32) {
+        let reserved = self.take_reserved(unit);
+        let back = n.min(reserved);
+        self.add_reserved(unit, reserved - back);
+        if let Ok(Some(decide)) =
+            self.ledger
+                .tiers
+                .start_usage(&self.user, &self.tier, unit, Amount::Refund(back))
+        {
+            self.settled(unit, 0, decide);
+        }
+    }
+
+    /// Usage of a unit no limiter of the request counts: reported, lost.
+    pub(crate) fn unit_unknown(&self, unit: &str, used: u32) {
+        let error = CheckError::UnknownUnit {
+            tier: self.tier.name.to_string(),
+            unit: crate::refusal::shown(unit),
+        };
+        self.ledger
+            .refusals
+            .usage_lost(&self.user, &self.tier.name, unit, used, &error);
+    }
+
+    fn add_reserved(&self, unit: &str, n: u32) {
+        if n == 0 {
+            return;
+        }
+        let Ok(unit) = Unit::new(unit) else { return };
+        let mut state = self.lock();
+        match state.reserved.iter_mut().find(|(u, _)| *u == unit) {
+            Some((_, reserved)) => *reserved = reserved.saturating_add(n),
+            None => state.reserved.push((unit, n)),
+        }
+    }
+
+    /// The units of `unit` reserved and not settled yet, now settled.
+    fn take_reserved(&self, unit: &str) -> u32 {
+        let Ok(unit) = Unit::new(unit) else { return 0 };
+        let mut state = self.lock();
+        let at = state.reserved.iter().position(|(u, _)| *u == unit);
+        at.map_or(0, |at| state.reserved.swap_remove(at).1)
+    }
+
+    /// A meter of the response body's content, when the tier counts
+    /// `content-bytes`.
+    pub(crate) fn content_meter(self: &Arc<Self>) -> Option<ContentMeter> {
+        self.counts(CONTENT_BYTES)
+            .then(|| ContentMeter::new(self.clone() as Arc<dyn UsageSink>))
+    }
+}
+
+impl UsageSink for Charge {
+    fn content_bytes(&self, bytes: u64) {
+        self.record(CONTENT_BYTES, u32::try_from(bytes).unwrap_or(u32::MAX));
+    }
+}
