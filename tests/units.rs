@@ -208,3 +208,43 @@ fn unit_configuration_is_checked() {
     );
     assert_eq!(tiers.units("free"), ["tokens"]);
 }
+
+#[tokio::test]
+async fn set_tier_keeps_units_and_their_state_until_set_tier_unit_changes_them() {
+    let clock = FakeClock::new();
+    let tiers = llm(&clock);
+    tiers.record("ada", "free", "tokens", 1_500).await.unwrap();
+    // new request bands: the unit and its debt stay
+    tiers.set_tier("free", Quota::per_minute(100)).unwrap();
+    assert_eq!(tiers.units("free"), ["tokens"]);
+    assert!(tiers.check("ada", "free", 1).await.unwrap().is_err());
+    // the unit's bands raised in the same windows: its state stays, which
+    // is a time (the minute band full again in 90 s: 30 s of debt, repaid
+    // at the new rate of one token per 30 ms)
+    tiers
+        .set_tier_unit(
+            "free",
+            "tokens",
+            Some(vec![Quota::per_minute(2_000), Quota::per_day(5_000)]),
+        )
+        .unwrap();
+    let refused = tiers.check("ada", "free", 1).await.unwrap().unwrap_err();
+    assert_eq!(refused.retry_after, Duration::from_millis(30_030));
+    assert_eq!(refused.limit, 2_000);
+    // removed: requests only
+    tiers.set_tier_unit("free", "tokens", None).unwrap();
+    assert!(tiers.units("free").is_empty());
+    assert!(matches!(
+        tiers.record("ada", "free", "tokens", 1).await,
+        Err(CheckError::UnknownUnit { .. })
+    ));
+    assert_eq!(
+        tiers.set_tier_unit("gold", "tokens", None).unwrap_err(),
+        BuildError::UnknownUnitTier("gold".into())
+    );
+    assert!(
+        tiers
+            .set_tier_unit("free", "requests", Some(vec![Quota::per_minute(1)]))
+            .is_err()
+    );
+}

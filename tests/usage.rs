@@ -260,3 +260,42 @@ impl http_body::Body for Chunks {
         )))))
     }
 }
+
+#[tokio::test]
+async fn a_customer_may_have_bands_of_its_own_for_a_unit() {
+    let clock = FakeClock::new();
+    let tiers = tiers(&clock);
+    let app = routes().layer(TierLimitLayer::new(tiers.clone()).identifier_fn(
+        |headers: &http::HeaderMap| {
+            let identity = header_identity(headers)?;
+            Some(match identity.user_id.as_str() {
+                "acme" => identity.with_unit_quotas("tokens", Quota::per_minute(10_000)),
+                _ => identity,
+            })
+        },
+    ));
+    // the contract's 10,000 tokens, where the tier has 1,000
+    assert_eq!(
+        send(&app, get_as("acme", "/complete?reserve=5000&use=5000"))
+            .await
+            .status,
+        StatusCode::OK
+    );
+    let reply = send(&app, get_as("acme", "/complete?reserve=5000")).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert!(
+        reply
+            .header("ratelimit-policy")
+            .unwrap()
+            .contains(r#""free.tokens";q=10000;w=60"#)
+    );
+    assert_eq!(
+        send(&app, get_as("acme", "/complete?reserve=1")).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // another user of the tier has the tier's
+    assert_eq!(
+        send(&app, get_as("bob", "/complete?reserve=5000")).await.status,
+        StatusCode::FORBIDDEN
+    );
+}

@@ -237,10 +237,44 @@ impl TierIdentity {
     /// assert_eq!(contract.quotas(), Some(&[Quota::per_hour(50_000)][..]));
     /// ```
     pub fn with_quotas(mut self, quotas: impl IntoQuotas) -> Self {
-        let concurrency = self.quotas.as_deref().and_then(OwnQuotas::concurrency);
         let bands = Some(quotas.into_quotas().into());
-        self.quotas = Some(Arc::new(OwnQuotas::new(bands, concurrency)));
+        self.quotas = Some(Arc::new(match self.quotas.as_deref() {
+            Some(own) => own.with(bands, own.concurrency()),
+            None => OwnQuotas::new(bands, None),
+        }));
         self
+    }
+
+    /// Gives this identity bands of its own for the unit `unit` of its tier
+    /// ([`RateTierBuilder::tier_unit`](crate::RateTierBuilder::tier_unit)),
+    /// in place of the tier's: a contract with more tokens per minute, say.
+    /// Its usage stays with its other bands, under the same key: the unit's
+    /// state is kept as long as a band's refill window stays. Its requests
+    /// keep the tier's bands (or its own, with
+    /// [`with_quotas`](Self::with_quotas), in either order). A unit the
+    /// tier does not have is added for this identity; bands a unit could
+    /// not have (none, unlimited, too many) are ignored with a warning and
+    /// the tier's are used.
+    ///
+    /// ```
+    /// use tower_rate_tier::{Quota, TierIdentity};
+    ///
+    /// let contract = TierIdentity::new("acme", "pro").with_unit_quotas("tokens", Quota::per_minute(500_000));
+    /// assert_eq!(contract.unit_quotas("tokens"), Some(&[Quota::per_minute(500_000)][..]));
+    /// ```
+    pub fn with_unit_quotas(mut self, unit: &str, quotas: impl IntoQuotas) -> Self {
+        let bands = quotas.into_quotas().into();
+        self.quotas = Some(Arc::new(match self.quotas.as_deref() {
+            Some(own) => own.with_unit(unit, bands),
+            None => OwnQuotas::new(None, None).with_unit(unit, bands),
+        }));
+        self
+    }
+
+    /// The identity's own bands of `unit`, if it has any.
+    pub fn unit_quotas(&self, unit: &str) -> Option<&[Quota]> {
+        let own = self.quotas.as_deref()?;
+        own.units().iter().find(|(u, _)| **u == *unit).map(|(_, b)| &**b)
     }
 
     /// Gives this identity a concurrency limit of its own: at most `limit`
@@ -257,8 +291,10 @@ impl TierIdentity {
     /// assert_eq!(contract.concurrency(), Some(20));
     /// ```
     pub fn with_concurrency(mut self, limit: u32) -> Self {
-        let bands = self.quotas.as_deref().and_then(OwnQuotas::bands).map(Box::from);
-        self.quotas = Some(Arc::new(OwnQuotas::new(bands, Some(limit))));
+        self.quotas = Some(Arc::new(match self.quotas.as_deref() {
+            Some(own) => own.with(own.bands().map(Box::from), Some(limit)),
+            None => OwnQuotas::new(None, Some(limit)),
+        }));
         self
     }
 

@@ -21,6 +21,8 @@ pub(crate) struct OwnQuotas {
     /// A concurrency limit of its own (0 is refused when the entry is
     /// built); `None` for the tier's.
     concurrency: Option<u32>,
+    /// Bands of its own for some units (the tier's for the others).
+    units: Box<[(Box<str>, Box<[Quota]>)]>,
     built: Mutex<Option<Built>>,
 }
 
@@ -36,8 +38,36 @@ impl OwnQuotas {
         OwnQuotas {
             bands,
             concurrency,
+            units: Box::new([]),
             built: Mutex::new(None),
         }
+    }
+
+    /// The same contract with `bands` of its own for `unit`.
+    pub(crate) fn with_unit(&self, unit: &str, bands: Box<[Quota]>) -> Self {
+        let mut units: Vec<_> = self.units.iter().filter(|(u, _)| **u != *unit).cloned().collect();
+        units.push((unit.into(), bands));
+        OwnQuotas {
+            bands: self.bands.clone(),
+            concurrency: self.concurrency,
+            units: units.into(),
+            built: Mutex::new(None),
+        }
+    }
+
+    /// The same contract with bands of its own (`None`: the tier's) and a
+    /// concurrency limit of its own (`None`: the tier's).
+    pub(crate) fn with(&self, bands: Option<Box<[Quota]>>, concurrency: Option<u32>) -> Self {
+        OwnQuotas {
+            bands,
+            concurrency,
+            units: self.units.clone(),
+            built: Mutex::new(None),
+        }
+    }
+
+    pub(crate) fn units(&self) -> &[(Box<str>, Box<[Quota]>)] {
+        &self.units
     }
 
     pub(crate) fn bands(&self) -> Option<&[Quota]> {
@@ -64,7 +94,12 @@ impl OwnQuotas {
             }
             None => None,
         };
-        let entry = Arc::new(TierEntry::own(tier, self.bands.as_deref(), concurrency)?);
+        let entry = Arc::new(TierEntry::own(
+            tier,
+            self.bands.as_deref(),
+            concurrency,
+            &self.units,
+        )?);
         *built = Some(Built {
             base: Arc::downgrade(tier),
             entry: entry.clone(),
@@ -75,7 +110,7 @@ impl OwnQuotas {
 
 impl PartialEq for OwnQuotas {
     fn eq(&self, other: &Self) -> bool {
-        self.bands == other.bands && self.concurrency == other.concurrency
+        self.bands == other.bands && self.concurrency == other.concurrency && self.units == other.units
     }
 }
 
@@ -85,6 +120,7 @@ impl Hash for OwnQuotas {
     fn hash<H: Hasher>(&self, state: &mut H) {
         self.bands.hash(state);
         self.concurrency.hash(state);
+        self.units.hash(state);
     }
 }
 
@@ -93,6 +129,7 @@ impl fmt::Debug for OwnQuotas {
         f.debug_struct("OwnQuotas")
             .field("bands", &self.bands)
             .field("concurrency", &self.concurrency)
+            .field("units", &self.units)
             .finish()
     }
 }

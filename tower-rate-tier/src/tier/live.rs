@@ -36,7 +36,7 @@ use std::num::NonZeroU32;
 
 use super::table::Table;
 use super::{BuildError, RateTier, TierEntry};
-use crate::quota::IntoQuotas;
+use crate::quota::{IntoQuotas, Quota};
 use crate::tier::IntoTierName;
 
 impl RateTier {
@@ -56,17 +56,75 @@ impl RateTier {
     /// assert!(layer_copy.check("ada", "team", 1).await.unwrap().is_ok());
     /// # }
     /// ```
+    ///
+    /// A tier set again keeps its units (their bands and their users'
+    /// state), its concurrency limit and its shadow mode;
+    /// [`set_tier_unit`](Self::set_tier_unit) changes a unit.
     pub fn set_tier(&self, name: impl IntoTierName, quotas: impl IntoQuotas) -> Result<(), BuildError> {
         let name = name.into_tier_name();
         let mut entry = TierEntry::new(name.clone(), quotas.into_quotas(), self.preparer())?;
+        let mut failed = None;
         self.inner.table.rcu(|table| {
-            // a shadowed tier stays shadowed; its concurrency limit stays
+            // a shadowed tier stays shadowed; its concurrency limit and its
+            // units stay
             let old = table.find(&name);
             entry.shadow = old.is_some_and(|t| t.shadow);
-            let entry = entry.clone().with_concurrency(old.and_then(|t| t.concurrency));
-            table.with(entry)
+            let mut next = entry.clone().with_concurrency(old.and_then(|t| t.concurrency));
+            for unit in old.map_or(&[][..], |t| &t.units) {
+                match next.with_unit(unit.unit.as_str(), Some(unit.bands.to_vec())) {
+                    Ok(with) => next = with,
+                    Err(error) => {
+                        failed = Some(error);
+                        return Table::clone(table);
+                    }
+                }
+            }
+            failed = None;
+            table.with(next)
         });
-        Ok(())
+        failed.map_or(Ok(()), Err)
+    }
+
+    /// Sets the bands of the unit `unit` of the tier `tier` (`Some`), or
+    /// removes the unit (`None`), for every clone of this `RateTier`,
+    /// keeping its request bands. A unit whose bands keep their refill
+    /// windows keeps its users' state. An unknown tier, or bands the
+    /// builder would refuse, is an error, and changes nothing.
+    ///
+    /// ```
+    /// use tower_rate_tier::{Quota, RateTier};
+    ///
+    /// let tiers = RateTier::builder().tier("free", Quota::per_minute(20)).build();
+    /// tiers.set_tier_unit("free", "tokens", Some(vec![Quota::per_minute(40_000)])).unwrap();
+    /// tiers.set_tier("free", Quota::per_minute(30)).unwrap(); // keeps the unit
+    /// assert_eq!(tiers.units("free"), ["tokens"]);
+    /// tiers.set_tier_unit("free", "tokens", None).unwrap();
+    /// assert!(tiers.units("free").is_empty());
+    /// ```
+    pub fn set_tier_unit(
+        &self,
+        tier: &str,
+        unit: &str,
+        quotas: Option<Vec<Quota>>,
+    ) -> Result<(), BuildError> {
+        let mut failed = None;
+        let found = self.update_tier(tier, |entry| {
+            match entry.clone().with_unit(unit, quotas.clone()) {
+                Ok(with) => {
+                    failed = None;
+                    with
+                }
+                Err(error) => {
+                    failed = Some(error);
+                    entry
+                }
+            }
+        });
+        match (found, failed) {
+            (false, _) => Err(BuildError::UnknownUnitTier(tier.to_owned())),
+            (true, Some(error)) => Err(error),
+            (true, None) => Ok(()),
+        }
     }
 
     /// Sets (`Some(n)`) or lifts (`None`) the concurrency limit of the tier
@@ -124,7 +182,7 @@ impl RateTier {
 
     /// Replaces the entry of tier `name` by `change` of a copy of it, for
     /// every clone; `false` when there is no such tier.
-    fn update_tier(&self, name: &str, change: impl Fn(TierEntry) -> TierEntry) -> bool {
+    fn update_tier(&self, name: &str, mut change: impl FnMut(TierEntry) -> TierEntry) -> bool {
         let mut found = false;
         self.inner.table.rcu(|table| {
             let Some(tier) = table.find(name) else {

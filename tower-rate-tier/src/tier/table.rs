@@ -196,6 +196,7 @@ impl TierEntry {
         tier: &TierEntry,
         bands: Option<&[Quota]>,
         concurrency: Option<NonZeroU32>,
+        units: &[(Box<str>, Box<[Quota]>)],
     ) -> Result<TierEntry, BuildError> {
         let mut entry = match bands {
             Some(bands) => {
@@ -212,6 +213,9 @@ impl TierEntry {
             None => tier.clone(),
         };
         entry.shadow = tier.shadow;
+        for (unit, bands) in units {
+            entry = entry.with_unit(unit, Some(bands.to_vec()))?;
+        }
         Ok(entry.with_concurrency(concurrency.or(tier.concurrency)))
     }
 }
