@@ -8,7 +8,7 @@ use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use crate::quota::Quota;
-use crate::tier::{BuildError, TierEntry};
+use crate::tier::{BuildError, TierEntry, UnitQuotas};
 
 /// The bands of one contract, and the entry they make with the tier they
 /// were last used with. An identifier that keeps identities (a cache in
@@ -22,7 +22,7 @@ pub(crate) struct OwnQuotas {
     /// built); `None` for the tier's.
     concurrency: Option<u32>,
     /// Bands of its own for some units (the tier's for the others).
-    units: Box<[(Box<str>, Box<[Quota]>)]>,
+    units: Box<[UnitQuotas]>,
     built: Mutex<Option<Built>>,
 }
 
@@ -66,7 +66,7 @@ impl OwnQuotas {
         }
     }
 
-    pub(crate) fn units(&self) -> &[(Box<str>, Box<[Quota]>)] {
+    pub(crate) fn units(&self) -> &[UnitQuotas] {
         &self.units
     }
 

@@ -60,7 +60,7 @@ pub use name::{IntoTierName, ParseTierError, TierTable};
 pub use outcome::{CheckError, CheckResult, MAX_USER_ID_LEN, RateLimitInfo, RateLimited};
 pub(crate) use outcome::{Detail, outcome};
 pub use units::MAX_REQUEST_BANDS;
-pub(crate) use units::UnitBands;
+pub(crate) use units::{UnitBands, UnitQuotas};
 pub(crate) use usage::{forgiven, settlement};
 
 /// One configured tier, shared by the [`RateTier`] and the outcomes of its

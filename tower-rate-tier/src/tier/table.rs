@@ -196,7 +196,7 @@ impl TierEntry {
         tier: &TierEntry,
         bands: Option<&[Quota]>,
         concurrency: Option<NonZeroU32>,
-        units: &[(Box<str>, Box<[Quota]>)],
+        units: &[super::UnitQuotas],
     ) -> Result<TierEntry, BuildError> {
         let mut entry = match bands {
             Some(bands) => {

@@ -187,5 +187,8 @@ impl TierEntry {
     }
 }
 
+/// A unit's name and a contract's bands of it (an identity's own).
+pub(crate) type UnitQuotas = (Box<str>, Box<[Quota]>);
+
 /// The units of a builder: `(tier, unit, bands)` in the order given.
 pub(crate) type UnitSpecs = Vec<(Cow<'static, str>, String, Vec<Quota>)>;
