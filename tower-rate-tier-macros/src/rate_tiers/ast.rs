@@ -10,7 +10,7 @@ use syn::meta::ParseNestedMeta;
 use syn::spanned::Spanned;
 use syn::{Attribute, Expr, ExprLit, Fields, Ident, ItemEnum, Lit, LitStr, Token, Variant as SynVariant};
 
-use super::keys::{self, Key, Unit};
+use super::keys::{self, Key, NamedPeriod};
 use super::number::Number;
 use crate::errors::Errors;
 
@@ -74,7 +74,7 @@ pub(super) struct Band {
 
 /// The period of a band.
 pub(super) enum Period {
-    Unit(Unit),
+    Named(NamedPeriod),
     /// `period_secs = s`.
     Secs(Keyed<Number<u64>>),
 }
@@ -214,10 +214,10 @@ impl Tier {
             Key::Name => self.name.is_some(),
             Key::Count => self.count.is_some(),
             Key::PeriodSecs => self.period_secs.is_some(),
-            Key::Band(unit) => self
+            Key::Band(period) => self
                 .bands
                 .iter()
-                .any(|band| matches!(band.period, Period::Unit(u) if u == unit)),
+                .any(|band| matches!(band.period, Period::Named(p) if p == period)),
         };
         if repeated {
             skip_value(meta)?;
@@ -242,10 +242,10 @@ impl Tier {
                 Some(other) => errors.spanned(other, "expected a string literal: `name = \"..\"`"),
                 None => {}
             },
-            Key::Band(unit) => {
+            Key::Band(period) => {
                 let count = number(&key, meta, errors)?;
                 self.bands.push(Band {
-                    period: Period::Unit(unit),
+                    period: Period::Named(period),
                     key,
                     count,
                 });

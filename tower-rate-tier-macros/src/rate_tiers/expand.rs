@@ -246,8 +246,8 @@ fn quotas(variant: &Variant, private: &TokenStream) -> TokenStream {
     let bands = tier.bands.iter().map(|band| {
         let count = number(&band.count, "u32", Literal::u32_unsuffixed);
         match &band.period {
-            Period::Unit(unit) => {
-                let constructor = Ident::new(unit.constructor(), Span::call_site());
+            Period::Named(period) => {
+                let constructor = Ident::new(period.constructor(), Span::call_site());
                 quote!(#private::Quota::#constructor(#count) #burst)
             }
             Period::Secs(period) => {

@@ -4,7 +4,7 @@
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(super) enum Key {
     /// `per_second = n` and the other fixed periods.
-    Band(Unit),
+    Band(NamedPeriod),
     /// `count = n`, the count of a band with `period_secs`.
     Count,
     /// `period_secs = s`, the period of a band with `count`.
@@ -20,7 +20,7 @@ pub(super) enum Key {
 
 /// A period that has its own key.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(super) enum Unit {
+pub(super) enum NamedPeriod {
     Second,
     Minute,
     Hour,
@@ -30,11 +30,11 @@ pub(super) enum Unit {
 
 /// Every key, in the order the messages list them.
 const KEYS: [(&str, Key); 13] = [
-    ("per_second", Key::Band(Unit::Second)),
-    ("per_minute", Key::Band(Unit::Minute)),
-    ("per_hour", Key::Band(Unit::Hour)),
-    ("per_day", Key::Band(Unit::Day)),
-    ("per_week", Key::Band(Unit::Week)),
+    ("per_second", Key::Band(NamedPeriod::Second)),
+    ("per_minute", Key::Band(NamedPeriod::Minute)),
+    ("per_hour", Key::Band(NamedPeriod::Hour)),
+    ("per_day", Key::Band(NamedPeriod::Day)),
+    ("per_week", Key::Band(NamedPeriod::Week)),
     ("count", Key::Count),
     ("period_secs", Key::PeriodSecs),
     ("unlimited", Key::Unlimited),
@@ -51,15 +51,15 @@ impl Key {
     }
 }
 
-impl Unit {
+impl NamedPeriod {
     /// The `Quota` constructor of this period, which is also its key.
     pub(super) fn constructor(self) -> &'static str {
         match self {
-            Unit::Second => "per_second",
-            Unit::Minute => "per_minute",
-            Unit::Hour => "per_hour",
-            Unit::Day => "per_day",
-            Unit::Week => "per_week",
+            NamedPeriod::Second => "per_second",
+            NamedPeriod::Minute => "per_minute",
+            NamedPeriod::Hour => "per_hour",
+            NamedPeriod::Day => "per_day",
+            NamedPeriod::Week => "per_week",
         }
     }
 }
@@ -148,8 +148,8 @@ mod tests {
     fn every_key_is_found_by_its_name() {
         for (name, key) in KEYS {
             assert_eq!(Key::from_name(name), Some(key));
-            if let Key::Band(unit) = key {
-                assert_eq!(unit.constructor(), name);
+            if let Key::Band(period) = key {
+                assert_eq!(period.constructor(), name);
             }
         }
         assert_eq!(Key::from_name("per_month"), None);

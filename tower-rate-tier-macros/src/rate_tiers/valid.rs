@@ -152,7 +152,7 @@ impl Tier {
         }
         let periods = self.bands.iter().filter_map(|band| match &band.period {
             Period::Secs(period) => Some(period),
-            Period::Unit(_) => None,
+            Period::Named(_) => None,
         });
         for period in periods.chain(&self.period_secs) {
             if period.value.is_zero_literal() {
