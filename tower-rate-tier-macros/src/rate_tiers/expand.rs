@@ -7,7 +7,8 @@ use quote::{ToTokens, quote, quote_spanned};
 use syn::punctuated::Punctuated;
 use syn::{Attribute, Ident, Item, ItemEnum, Meta, Path, Token, parse_quote};
 
-use super::ast::{Input, Period, Variant};
+use super::ast::{Input, Variant};
+use super::bands::{Bands, Period};
 use super::number::{Number, path_name};
 use crate::errors::Errors;
 use crate::krate;
@@ -239,11 +240,16 @@ fn quotas(variant: &Variant, private: &TokenStream) -> TokenStream {
     if tier.unlimited.is_some() {
         return quote!(#private::Quota::unlimited());
     }
-    let burst = tier.burst.as_ref().map(|burst| {
+    band_quotas(&tier.bands, private)
+}
+
+/// The `Quota` expressions of checked bands.
+fn band_quotas(bands: &Bands, private: &TokenStream) -> TokenStream {
+    let burst = bands.burst.as_ref().map(|burst| {
         let burst = number(&burst.value, "u32", Literal::u32_unsuffixed);
         quote!(.with_burst(#burst))
     });
-    let bands = tier.bands.iter().map(|band| {
+    let quotas = bands.list.iter().map(|band| {
         let count = number(&band.count, "u32", Literal::u32_unsuffixed);
         match &band.period {
             Period::Named(period) => {
@@ -256,7 +262,7 @@ fn quotas(variant: &Variant, private: &TokenStream) -> TokenStream {
             }
         }
     });
-    quote!(#(#bands),*)
+    quote!(#(#quotas),*)
 }
 
 /// A checked number: the literal, or the value of the `const`.
@@ -287,24 +293,27 @@ fn const_checks(variant: &Variant, enum_ident: &Ident) -> TokenStream {
     };
     let mut numbers: Vec<(String, &Number<u32>)> = Vec::new();
     let mut periods = Vec::new();
-    for band in &tier.bands {
+    let bands = &tier.bands;
+    for band in &bands.list {
         numbers.push((band.key.to_string(), &band.count));
         if let Period::Secs(period) = &band.period {
             periods.push(&period.value);
         }
     }
     numbers.extend(
-        tier.count
+        bands
+            .count
             .iter()
             .map(|count| (count.key.to_string(), &count.value)),
     );
     numbers.extend(
-        tier.burst
+        bands
+            .burst
             .iter()
             .map(|burst| (burst.key.to_string(), &burst.value)),
     );
     numbers.extend(tier.concurrent.iter().map(|c| (c.key.to_string(), &c.value)));
-    periods.extend(tier.period_secs.iter().map(|period| &period.value));
+    periods.extend(bands.period_secs.iter().map(|period| &period.value));
 
     let mut checks = Vec::new();
     for (key, value) in numbers {

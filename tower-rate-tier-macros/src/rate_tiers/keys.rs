@@ -1,21 +1,37 @@
-//! The keys `#[tier(..)]` knows, and what to say about one it does not.
+//! The keys `#[tier(..)]` knows, how their values are read, and what to say
+//! about one it does not.
+
+use proc_macro2::TokenStream;
+use quote::ToTokens;
+use syn::meta::ParseNestedMeta;
+use syn::spanned::Spanned;
+use syn::{Expr, Ident, Token};
+
+use crate::errors::Errors;
 
 /// A key of `#[tier(..)]`.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(super) enum Key {
-    /// `per_second = n` and the other fixed periods.
-    Band(NamedPeriod),
-    /// `count = n`, the count of a band with `period_secs`.
-    Count,
-    /// `period_secs = s`, the period of a band with `count`.
-    PeriodSecs,
-    Burst,
+    /// A key of the tier's bands.
+    Band(BandKey),
     Unlimited,
     Name,
     Default,
     Shadow,
     /// `concurrent = n`: at most `n` requests of one user in flight.
     Concurrent,
+}
+
+/// A key that [`Bands`](super::bands::Bands) reads.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum BandKey {
+    /// `per_second = n` and the other fixed periods.
+    Named(NamedPeriod),
+    /// `count = n`, the count of a band with `period_secs`.
+    Count,
+    /// `period_secs = s`, the period of a band with `count`.
+    PeriodSecs,
+    Burst,
 }
 
 /// A period that has its own key.
@@ -30,15 +46,15 @@ pub(super) enum NamedPeriod {
 
 /// Every key, in the order the messages list them.
 const KEYS: [(&str, Key); 13] = [
-    ("per_second", Key::Band(NamedPeriod::Second)),
-    ("per_minute", Key::Band(NamedPeriod::Minute)),
-    ("per_hour", Key::Band(NamedPeriod::Hour)),
-    ("per_day", Key::Band(NamedPeriod::Day)),
-    ("per_week", Key::Band(NamedPeriod::Week)),
-    ("count", Key::Count),
-    ("period_secs", Key::PeriodSecs),
+    ("per_second", Key::Band(BandKey::Named(NamedPeriod::Second))),
+    ("per_minute", Key::Band(BandKey::Named(NamedPeriod::Minute))),
+    ("per_hour", Key::Band(BandKey::Named(NamedPeriod::Hour))),
+    ("per_day", Key::Band(BandKey::Named(NamedPeriod::Day))),
+    ("per_week", Key::Band(BandKey::Named(NamedPeriod::Week))),
+    ("count", Key::Band(BandKey::Count)),
+    ("period_secs", Key::Band(BandKey::PeriodSecs)),
     ("unlimited", Key::Unlimited),
-    ("burst", Key::Burst),
+    ("burst", Key::Band(BandKey::Burst)),
     ("concurrent", Key::Concurrent),
     ("name", Key::Name),
     ("default", Key::Default),
@@ -98,6 +114,42 @@ fn closest(name: &str) -> Option<&'static str> {
         .map(|(_, known)| known)
 }
 
+/// The `= value` of a key that needs one; a missing value is reported (and
+/// `None` returned) without stopping the parsing.
+pub(super) fn value_of(
+    key: &Ident,
+    meta: &ParseNestedMeta<'_>,
+    form: &str,
+    errors: &mut Errors,
+) -> syn::Result<Option<Expr>> {
+    if meta.input.peek(Token![=]) {
+        meta.input.parse::<Token![=]>()?;
+        return meta.input.parse::<Expr>().map(Some);
+    }
+    let wrong = skip_value(meta)?;
+    let what = wrong.as_ref().map_or(key.span(), Spanned::span);
+    errors.at(what, format_args!("`{key}` needs a value: `{form}`"));
+    Ok(None)
+}
+
+/// Consumes whatever value follows a key (`= expr` or `(..)`), returning its
+/// tokens, so that parsing can go on after a wrong key.
+pub(super) fn skip_value(meta: &ParseNestedMeta<'_>) -> syn::Result<Option<TokenStream>> {
+    let input = meta.input;
+    if input.peek(Token![=]) {
+        let eq: Token![=] = input.parse()?;
+        let expr: Expr = input.parse()?;
+        let mut tokens = eq.to_token_stream();
+        expr.to_tokens(&mut tokens);
+        Ok(Some(tokens))
+    } else if input.peek(syn::token::Paren) {
+        let group: proc_macro2::Group = input.parse()?;
+        Ok(Some(group.into_token_stream()))
+    } else {
+        Ok(None)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -148,7 +200,7 @@ mod tests {
     fn every_key_is_found_by_its_name() {
         for (name, key) in KEYS {
             assert_eq!(Key::from_name(name), Some(key));
-            if let Key::Band(period) = key {
+            if let Key::Band(BandKey::Named(period)) = key {
                 assert_eq!(period.constructor(), name);
             }
         }

@@ -2,6 +2,7 @@
 //! ([`expand`]).
 
 mod ast;
+mod bands;
 mod expand;
 mod keys;
 mod number;

@@ -4,7 +4,8 @@ use std::collections::HashMap;
 
 use quote::ToTokens;
 
-use super::ast::{Input, Period, Tier, Variant};
+use super::ast::{Input, Tier, Variant};
+use super::bands::{Bands, Period};
 use crate::errors::Errors;
 
 /// The longest tier name the runtime accepts, in bytes.
@@ -77,24 +78,11 @@ impl Variant {
 
 impl Tier {
     fn validate(&self, errors: &mut Errors) {
-        self.validate_numbers(errors);
-        let unpaired = self.count.is_some() || self.period_secs.is_some();
-        if let Some(count) = &self.count {
-            errors.spanned(
-                &count.key,
-                "`count` needs `period_secs`: `count = 50, period_secs = 900` is 50 requests per 900 seconds",
-            );
-        }
-        if let Some(period) = &self.period_secs {
-            errors.spanned(
-                &period.key,
-                "`period_secs` needs `count`: `count = 50, period_secs = 900` is 50 requests per 900 seconds",
-            );
-        }
-
+        self.bands.validate(errors);
+        let bands = &self.bands.list;
         if let Some(unlimited) = &self.unlimited {
-            if !self.bands.is_empty() {
-                let bands: Vec<String> = self.bands.iter().map(|band| format!("`{}`", band.key)).collect();
+            if !bands.is_empty() {
+                let bands: Vec<String> = bands.iter().map(|band| format!("`{}`", band.key)).collect();
                 errors.spanned(
                     unlimited,
                     format_args!(
@@ -103,27 +91,33 @@ impl Tier {
                     ),
                 );
             }
-            if let Some(burst) = &self.burst {
+            if let Some(burst) = &self.bands.burst {
                 errors.spanned(&burst.key, "`burst` does not apply to an `unlimited` tier");
             }
-        } else if self.bands.is_empty() {
-            if !self.incomplete && !unpaired {
+        } else if bands.is_empty() {
+            if !self.incomplete && !self.bands.unpaired() {
                 errors.spanned(
                     &self.tokens,
                     "a tier needs `unlimited` or at least one band: `per_second`, `per_minute`, `per_hour`, \
                      `per_day`, `per_week`, or `count` with `period_secs`",
                 );
             }
-        } else if let Some(burst) = self.burst.as_ref().filter(|_| self.bands.len() > 1) {
+        } else if let Some(burst) = self.bands.burst.as_ref().filter(|_| bands.len() > 1) {
             errors.spanned(
                 &burst.key,
                 format_args!(
                     "`burst` applies to one-band tiers only; this tier has {} bands",
-                    self.bands.len()
+                    bands.len()
                 ),
             );
         }
 
+        if let Some(concurrent) = self.concurrent.as_ref().filter(|c| c.value.is_zero_literal()) {
+            errors.at(
+                concurrent.value.span(),
+                "`concurrent` must be at least 1: a limit of 0 requests in flight admits nothing",
+            );
+        }
         if let Some(name) = &self.name {
             let len = name.value().len();
             if len == 0 || len > MAX_NAME_LEN {
@@ -136,11 +130,11 @@ impl Tier {
     }
 }
 
-impl Tier {
-    /// Literal zeros; a `const` that is zero is the generated code's to
-    /// report.
-    fn validate_numbers(&self, errors: &mut Errors) {
-        let counts = self.bands.iter().map(|band| (&band.key, &band.count));
+impl Bands {
+    /// The rules of the bands alone: literal zeros (a `const` that is zero
+    /// is the generated code's to report), and `count` with `period_secs`.
+    fn validate(&self, errors: &mut Errors) {
+        let counts = self.list.iter().map(|band| (&band.key, &band.count));
         let unpaired = self.count.iter().map(|count| (&count.key, &count.value));
         for (key, count) in counts.chain(unpaired) {
             if count.is_zero_literal() {
@@ -150,7 +144,7 @@ impl Tier {
                 );
             }
         }
-        let periods = self.bands.iter().filter_map(|band| match &band.period {
+        let periods = self.list.iter().filter_map(|band| match &band.period {
             Period::Secs(period) => Some(period),
             Period::Named(_) => None,
         });
@@ -168,10 +162,16 @@ impl Tier {
                 "`burst` must be at least 1: a zero burst admits nothing",
             );
         }
-        if let Some(concurrent) = self.concurrent.as_ref().filter(|c| c.value.is_zero_literal()) {
-            errors.at(
-                concurrent.value.span(),
-                "`concurrent` must be at least 1: a limit of 0 requests in flight admits nothing",
+        if let Some(count) = &self.count {
+            errors.spanned(
+                &count.key,
+                "`count` needs `period_secs`: `count = 50, period_secs = 900` is 50 requests per 900 seconds",
+            );
+        }
+        if let Some(period) = &self.period_secs {
+            errors.spanned(
+                &period.key,
+                "`period_secs` needs `count`: `count = 50, period_secs = 900` is 50 requests per 900 seconds",
             );
         }
     }
