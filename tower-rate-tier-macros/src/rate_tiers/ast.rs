@@ -10,8 +10,9 @@ use syn::meta::ParseNestedMeta;
 use syn::{Attribute, Expr, ExprLit, Fields, Ident, ItemEnum, Lit, LitStr, Variant as SynVariant};
 
 use super::bands::{Bands, Keyed};
-use super::keys::{self, Key, skip_value, value_of};
+use super::keys::{self, Attr, Key, skip_value, value_of};
 use super::number::Number;
+use super::unit::{UnitLimit, unit_of};
 use crate::errors::Errors;
 
 /// A `#[rate_tiers]` enum.
@@ -28,11 +29,15 @@ pub(super) struct Variant {
     pub(super) cfgs: Vec<Attribute>,
     /// The fields of a non-unit variant (an error).
     pub(super) fields: Option<Fields>,
-    /// Its `#[tier(..)]` attributes merged; `None` without any.
+    /// Its `#[tier(..)]` attributes without `unit`, merged; `None` without
+    /// any.
     pub(super) tier: Option<Tier>,
+    /// Its unit attributes, `#[tier(unit = "..", ..)]`, in their order.
+    pub(super) units: Vec<UnitLimit>,
 }
 
-/// What the `#[tier(..)]` attributes of one variant say.
+/// What the `#[tier(..)]` attributes without `unit` of one variant say: the
+/// tier, and the bands of its requests.
 pub(super) struct Tier {
     /// The attributes' tokens, to point at.
     pub(super) tokens: TokenStream,
@@ -79,12 +84,15 @@ impl Variant {
     /// Reads a variant and removes its `#[tier]` attributes from it.
     fn parse(variant: &mut SynVariant, errors: &mut Errors) -> Variant {
         let mut tier: Option<Tier> = None;
+        let mut units = Vec::new();
         let mut cfgs = Vec::new();
         let mut kept = Vec::with_capacity(variant.attrs.len());
         for attr in variant.attrs.drain(..) {
             if attr.path().is_ident("tier") {
-                let tier = tier.get_or_insert_with(Tier::empty);
-                tier.parse_attr(&attr, errors);
+                match unit_of(&attr, errors) {
+                    Some(unit) => units.push(UnitLimit::parse(&attr, unit, errors)),
+                    None => tier.get_or_insert_with(Tier::empty).parse_attr(&attr, errors),
+                }
             } else {
                 if attr.path().is_ident("cfg") {
                     cfgs.push(attr.clone());
@@ -105,6 +113,7 @@ impl Variant {
             cfgs,
             fields,
             tier,
+            units,
         }
     }
 }
@@ -133,44 +142,26 @@ impl Tier {
         }
     }
 
-    /// Adds what one `#[tier(..)]` attribute says (a variant may split its
-    /// keys over several).
+    /// Adds what one `#[tier(..)]` attribute without `unit` says (a variant
+    /// may split its keys over several).
     fn parse_attr(&mut self, attr: &Attribute, errors: &mut Errors) {
         attr.to_tokens(&mut self.tokens);
-        let mut seen_unknown = false;
-        let result = attr.parse_nested_meta(|meta| {
-            let Some(key) = meta.path.get_ident().cloned() else {
-                skip_value(&meta)?;
-                let keys = keys::listed();
-                errors.spanned(&meta.path, format_args!("unknown key; expected one of {keys}"));
-                seen_unknown = true;
-                return Ok(());
-            };
-            self.parse_key(key, &meta, errors, &mut seen_unknown)
+        let complete = keys::read_keys(attr, Attr::Requests, errors, |key, kind, meta, errors| {
+            self.parse_key(key, kind, meta, errors)
         });
-        if let Err(error) = result {
-            errors.push(error);
-            self.incomplete = true;
-        }
         // An unknown key may have been meant as a band: do not also say that
         // the tier has none.
-        self.incomplete |= seen_unknown;
+        self.incomplete |= !complete;
     }
 
     fn parse_key(
         &mut self,
         key: Ident,
+        kind: Key,
         meta: &ParseNestedMeta<'_>,
         errors: &mut Errors,
-        seen_unknown: &mut bool,
     ) -> syn::Result<()> {
         let name = key.to_string();
-        let Some(kind) = Key::from_name(&name) else {
-            skip_value(meta)?;
-            errors.spanned(&key, keys::unknown(&name));
-            *seen_unknown = true;
-            return Ok(());
-        };
         let repeated = match kind {
             Key::Band(kind) => self.bands.has(kind),
             Key::Unlimited => self.unlimited.is_some(),

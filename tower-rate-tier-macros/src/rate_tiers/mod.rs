@@ -6,6 +6,7 @@ mod bands;
 mod expand;
 mod keys;
 mod number;
+mod unit;
 mod valid;
 
 pub(crate) use expand::expand;
