@@ -69,6 +69,30 @@ enum Configured {
     Mixed,
 }
 
+/// Units besides requests: each unit attribute opens a band set of its
+/// own, while attributes without `unit` merge.
+#[rate_tiers]
+enum Metered {
+    #[tier(per_minute = 20, default)]
+    #[tier(unit = "tokens", per_minute = 40_000, per_day = 1_000_000)]
+    #[tier(concurrent = 2)]
+    #[tier(unit = "content-bytes", per_hour = 104_857_600)]
+    Free,
+    #[tier(per_minute = 600)]
+    #[tier(unit = "tokens", count = limits::FREE_PER_HOUR, period_secs = limits::MONTH_SECS)]
+    #[tier(unit = "images_v2", burst = limits::TEAM_BURST, per_second = 2)]
+    Team,
+    #[tier(per_hour = 1)]
+    Trial,
+    #[tier(unlimited)]
+    #[tier(unit = "tokens", per_minute = 1_000_000)]
+    Enterprise,
+    #[cfg(any())]
+    #[tier(per_hour = 1)]
+    #[tier(unit = "tokens", per_hour = 1)]
+    Gone,
+}
+
 #[test]
 fn all_lists_the_tiers_in_declaration_order() {
     assert_eq!(
@@ -151,6 +175,47 @@ async fn a_thirty_day_tier_refills_continuously() {
     clock.advance(Duration::from_secs(864));
     assert!(tiers.check("ada", "monthly", 1).await.unwrap().is_ok());
     assert!(tiers.check("ada", "monthly", 1).await.unwrap().is_err());
+}
+
+#[test]
+fn unit_attributes_give_each_unit_its_bands_in_attribute_order() {
+    assert_eq!(
+        Metered::Free.tier_units(),
+        [
+            (
+                "tokens",
+                &[Quota::per_minute(40_000), Quota::per_day(1_000_000)][..]
+            ),
+            ("content-bytes", &[Quota::per_hour(104_857_600)][..]),
+        ]
+    );
+    let month = Duration::from_secs(30 * 86_400);
+    assert_eq!(
+        Metered::Team.tier_units(),
+        [
+            ("tokens", &[Quota::per_period(250, month)][..]),
+            ("images_v2", &[Quota::per_second(2).with_burst(40)][..]),
+        ]
+    );
+    assert_eq!(Metered::Trial.tier_units(), []);
+    // An unlimited tier may limit its units.
+    assert_eq!(Metered::Enterprise.quotas(), [Quota::unlimited()]);
+    assert_eq!(
+        Metered::Enterprise.tier_units(),
+        [("tokens", &[Quota::per_minute(1_000_000)][..])]
+    );
+    // The request attributes merged, and the units are none of their bands.
+    assert_eq!(Metered::Free.quotas(), [Quota::per_minute(20)]);
+    assert_eq!(Metered::Free.tier_concurrency(), Some(2));
+    assert_eq!(Metered::default_tier(), Some(Metered::Free));
+    assert_eq!(Metered::ALL.len(), 4);
+}
+
+#[test]
+fn a_table_without_unit_attributes_has_no_units() {
+    for &plan in Plan::ALL {
+        assert_eq!(plan.tier_units(), [], "{plan}");
+    }
 }
 
 #[test]

@@ -44,8 +44,8 @@ mod tier_cost;
 ///
 /// # The `#[tier(..)]` attribute
 ///
-/// Every variant is a unit variant with one `#[tier(..)]` attribute, whose
-/// keys are:
+/// Every variant is a unit variant with a `#[tier(..)]` attribute (its keys
+/// may be split over several, which merge), whose keys are:
 ///
 /// | key | meaning |
 /// | --- | --- |
@@ -53,8 +53,47 @@ mod tier_cost;
 /// | `count = n, period_secs = s` | a band of `n` requests per `s` seconds (`s` a non-zero `u64`), for any other period; the two go together |
 /// | `unlimited` | no limit (instead of bands) |
 /// | `burst = n` | the burst of a one-band tier (default `n` of the band) |
+/// | `concurrent = n` | at most `n` requests of one user in flight (`n` a non-zero `u32`; with `unlimited` too) |
 /// | `name = ".."` | the tier's name (default: the variant in snake case, `TeamPlus` -> `team_plus`; 1 to 255 bytes) |
 /// | `default` | the tier of unidentified clients (at most one variant) |
+/// | `shadow` | the tier is dark-launched: decided and reported, never refused |
+///
+/// # Units besides requests
+///
+/// An attribute with `unit = "name"` gives the bands of a named unit
+/// (tokens, bytes) instead, each in an attribute of its own, in any number
+/// and alongside the tier's attribute:
+///
+/// ```ignore
+/// #[rate_tiers]
+/// pub enum Plan {
+///     #[tier(per_minute = 20, concurrent = 2, default)]
+///     #[tier(unit = "tokens", per_minute = 40_000, per_day = 1_000_000)]
+///     #[tier(unit = "content-bytes", per_hour = 104_857_600)]
+///     Free,
+///     #[tier(unlimited)]
+///     #[tier(unit = "tokens", per_minute = 1_000_000)]
+///     Enterprise,
+/// }
+///
+/// assert_eq!(
+///     Plan::Free.tier_units(),
+///     [
+///         ("tokens", &[Quota::per_minute(40_000), Quota::per_day(1_000_000)][..]),
+///         ("content-bytes", &[Quota::per_hour(104_857_600)][..]),
+///     ]
+/// );
+/// ```
+///
+/// - A unit attribute takes the band keys: `per_second` .. `per_week`,
+///   `count` with `period_secs`, and `burst` (one band only), with the same
+///   rules as the tier's; it needs at least one band.
+/// - The name is a string literal of 1 to 24 bytes: lowercase ASCII
+///   letters, digits, `-` and `_`, starting with a letter. `requests` and
+///   `concurrent-requests` are reserved; a unit appears once per variant.
+/// - `unlimited`, `concurrent`, `name`, `default` and `shadow` belong to
+///   the tier's attribute, which a variant still needs (an `unlimited` tier
+///   may limit its units).
 ///
 /// A number is an integer literal or the path of a `const` of the right
 /// type (`per_hour = limits::FREE_PER_HOUR`); a `const` that is zero is a
@@ -99,8 +138,9 @@ mod tier_cost;
 ///   whose error, `tower_rate_tier::ParseTierError`, names the unknown name
 ///   and the known tiers;
 /// - `tower_rate_tier::TierTable`, which `RateTierBuilder::tiers::<Plan>()`
-///   (every tier and the default) and `TierIdentity::new(user, Plan::Pro)`
-///   take.
+///   (every tier, its units and the default) and
+///   `TierIdentity::new(user, Plan::Pro)` take; with unit attributes, its
+///   `tier_units` lists each tier's units with their bands.
 #[proc_macro_attribute]
 pub fn rate_tiers(args: TokenStream, item: TokenStream) -> TokenStream {
     let item = syn::parse_macro_input!(item as syn::Item);

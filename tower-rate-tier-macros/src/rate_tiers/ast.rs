@@ -7,11 +7,12 @@
 use proc_macro2::TokenStream;
 use quote::ToTokens;
 use syn::meta::ParseNestedMeta;
-use syn::spanned::Spanned;
-use syn::{Attribute, Expr, ExprLit, Fields, Ident, ItemEnum, Lit, LitStr, Token, Variant as SynVariant};
+use syn::{Attribute, Expr, ExprLit, Fields, Ident, ItemEnum, Lit, LitStr, Variant as SynVariant};
 
-use super::keys::{self, Key, Unit};
+use super::bands::{Bands, Keyed};
+use super::keys::{self, Attr, Key, skip_value, value_of};
 use super::number::Number;
+use super::unit::{UnitLimit, unit_of};
 use crate::errors::Errors;
 
 /// A `#[rate_tiers]` enum.
@@ -28,55 +29,29 @@ pub(super) struct Variant {
     pub(super) cfgs: Vec<Attribute>,
     /// The fields of a non-unit variant (an error).
     pub(super) fields: Option<Fields>,
-    /// Its `#[tier(..)]` attributes merged; `None` without any.
+    /// Its `#[tier(..)]` attributes without `unit`, merged; `None` without
+    /// any.
     pub(super) tier: Option<Tier>,
+    /// Its unit attributes, `#[tier(unit = "..", ..)]`, in their order.
+    pub(super) units: Vec<UnitLimit>,
 }
 
-/// What the `#[tier(..)]` attributes of one variant say.
+/// What the `#[tier(..)]` attributes without `unit` of one variant say: the
+/// tier, and the bands of its requests.
 pub(super) struct Tier {
     /// The attributes' tokens, to point at.
     pub(super) tokens: TokenStream,
     /// A syntax error stopped the parsing: rules that look at the whole tier
     /// ("no band at all") are skipped, so no secondary error appears.
     pub(super) incomplete: bool,
-    /// The bands, in the order of their keys; `count` and `period_secs`
-    /// make one once both are read.
-    pub(super) bands: Vec<Band>,
-    /// A `count` without `period_secs` (an error).
-    pub(super) count: Option<Keyed<Number<u32>>>,
-    /// A `period_secs` without `count` (an error).
-    pub(super) period_secs: Option<Keyed<Number<u64>>>,
-    /// The place among `bands` of the first of `count` and `period_secs`.
-    custom_at: usize,
+    pub(super) bands: Bands,
     pub(super) unlimited: Option<Ident>,
-    pub(super) burst: Option<Keyed<Number<u32>>>,
     pub(super) name: Option<LitStr>,
     pub(super) default: Option<Ident>,
     /// The tier is dark-launched: decided and reported, never refused.
     pub(super) shadow: Option<Ident>,
     /// At most this many requests of one user in flight.
     pub(super) concurrent: Option<Keyed<Number<u32>>>,
-}
-
-/// A value with the key that introduced it.
-pub(super) struct Keyed<T> {
-    pub(super) key: Ident,
-    pub(super) value: T,
-}
-
-/// One band: `per_hour = 100`, or `count = 50, period_secs = 900`.
-pub(super) struct Band {
-    pub(super) period: Period,
-    /// `per_hour`, or `count`.
-    pub(super) key: Ident,
-    pub(super) count: Number<u32>,
-}
-
-/// The period of a band.
-pub(super) enum Period {
-    Unit(Unit),
-    /// `period_secs = s`.
-    Secs(Keyed<Number<u64>>),
 }
 
 impl Input {
@@ -109,12 +84,15 @@ impl Variant {
     /// Reads a variant and removes its `#[tier]` attributes from it.
     fn parse(variant: &mut SynVariant, errors: &mut Errors) -> Variant {
         let mut tier: Option<Tier> = None;
+        let mut units = Vec::new();
         let mut cfgs = Vec::new();
         let mut kept = Vec::with_capacity(variant.attrs.len());
         for attr in variant.attrs.drain(..) {
             if attr.path().is_ident("tier") {
-                let tier = tier.get_or_insert_with(Tier::empty);
-                tier.parse_attr(&attr, errors);
+                match unit_of(&attr, errors) {
+                    Some(unit) => units.push(UnitLimit::parse(&attr, unit, errors)),
+                    None => tier.get_or_insert_with(Tier::empty).parse_attr(&attr, errors),
+                }
             } else {
                 if attr.path().is_ident("cfg") {
                     cfgs.push(attr.clone());
@@ -124,7 +102,7 @@ impl Variant {
         }
         variant.attrs = kept;
         if let Some(tier) = &mut tier {
-            tier.pair_custom_band();
+            tier.bands.pair_custom_band();
         }
         let fields = match &variant.fields {
             Fields::Unit => None,
@@ -135,6 +113,7 @@ impl Variant {
             cfgs,
             fields,
             tier,
+            units,
         }
     }
 }
@@ -154,12 +133,8 @@ impl Tier {
         Tier {
             tokens: TokenStream::new(),
             incomplete: false,
-            bands: Vec::new(),
-            count: None,
-            period_secs: None,
-            custom_at: 0,
+            bands: Bands::new(),
             unlimited: None,
-            burst: None,
             name: None,
             default: None,
             shadow: None,
@@ -167,57 +142,33 @@ impl Tier {
         }
     }
 
-    /// Adds what one `#[tier(..)]` attribute says (a variant may split its
-    /// keys over several).
+    /// Adds what one `#[tier(..)]` attribute without `unit` says (a variant
+    /// may split its keys over several).
     fn parse_attr(&mut self, attr: &Attribute, errors: &mut Errors) {
         attr.to_tokens(&mut self.tokens);
-        let mut seen_unknown = false;
-        let result = attr.parse_nested_meta(|meta| {
-            let Some(key) = meta.path.get_ident().cloned() else {
-                skip_value(&meta)?;
-                let keys = keys::listed();
-                errors.spanned(&meta.path, format_args!("unknown key; expected one of {keys}"));
-                seen_unknown = true;
-                return Ok(());
-            };
-            self.parse_key(key, &meta, errors, &mut seen_unknown)
+        let complete = keys::read_keys(attr, Attr::Requests, errors, |key, kind, meta, errors| {
+            self.parse_key(key, kind, meta, errors)
         });
-        if let Err(error) = result {
-            errors.push(error);
-            self.incomplete = true;
-        }
         // An unknown key may have been meant as a band: do not also say that
         // the tier has none.
-        self.incomplete |= seen_unknown;
+        self.incomplete |= !complete;
     }
 
     fn parse_key(
         &mut self,
         key: Ident,
+        kind: Key,
         meta: &ParseNestedMeta<'_>,
         errors: &mut Errors,
-        seen_unknown: &mut bool,
     ) -> syn::Result<()> {
         let name = key.to_string();
-        let Some(kind) = Key::from_name(&name) else {
-            skip_value(meta)?;
-            errors.spanned(&key, keys::unknown(&name));
-            *seen_unknown = true;
-            return Ok(());
-        };
         let repeated = match kind {
+            Key::Band(kind) => self.bands.has(kind),
             Key::Unlimited => self.unlimited.is_some(),
             Key::Default => self.default.is_some(),
             Key::Shadow => self.shadow.is_some(),
-            Key::Burst => self.burst.is_some(),
             Key::Concurrent => self.concurrent.is_some(),
             Key::Name => self.name.is_some(),
-            Key::Count => self.count.is_some(),
-            Key::PeriodSecs => self.period_secs.is_some(),
-            Key::Band(unit) => self
-                .bands
-                .iter()
-                .any(|band| matches!(band.period, Period::Unit(u) if u == unit)),
         };
         if repeated {
             skip_value(meta)?;
@@ -225,6 +176,7 @@ impl Tier {
             return Ok(());
         }
         match kind {
+            Key::Band(kind) => self.bands.read(key, kind, meta, errors)?,
             Key::Unlimited | Key::Default | Key::Shadow => {
                 if let Some(value) = skip_value(meta)? {
                     errors.spanned(value, format_args!("`{name}` takes no value"));
@@ -242,109 +194,14 @@ impl Tier {
                 Some(other) => errors.spanned(other, "expected a string literal: `name = \"..\"`"),
                 None => {}
             },
-            Key::Band(unit) => {
-                let count = number(&key, meta, errors)?;
-                self.bands.push(Band {
-                    period: Period::Unit(unit),
-                    key,
-                    count,
-                });
-            }
-            Key::Burst => {
-                self.burst = Some(Keyed {
-                    value: number(&key, meta, errors)?,
-                    key,
-                })
-            }
             Key::Concurrent => {
                 self.concurrent = Some(Keyed {
-                    value: number(&key, meta, errors)?,
+                    value: Number::read(&key, meta, errors)?,
                     key,
                 })
-            }
-            Key::Count | Key::PeriodSecs => {
-                if self.count.is_none() && self.period_secs.is_none() {
-                    self.custom_at = self.bands.len();
-                }
-                if kind == Key::Count {
-                    let value = number(&key, meta, errors)?;
-                    self.count = Some(Keyed { key, value });
-                } else {
-                    let value = number(&key, meta, errors)?;
-                    self.period_secs = Some(Keyed { key, value });
-                }
             }
         }
         Ok(())
-    }
-
-    /// Makes `count` and `period_secs` one band, in the place of the first of
-    /// the two; either one alone stays for validation to report.
-    fn pair_custom_band(&mut self) {
-        match (self.count.take(), self.period_secs.take()) {
-            (Some(count), Some(period)) => {
-                let band = Band {
-                    period: Period::Secs(period),
-                    key: count.key,
-                    count: count.value,
-                };
-                self.bands.insert(self.custom_at.min(self.bands.len()), band);
-            }
-            (count, period_secs) => {
-                self.count = count;
-                self.period_secs = period_secs;
-            }
-        }
-    }
-}
-
-/// The number of `key = value`; a missing or wrong value is reported, and
-/// parsing goes on.
-fn number<T: super::number::Integer>(
-    key: &Ident,
-    meta: &ParseNestedMeta<'_>,
-    errors: &mut Errors,
-) -> syn::Result<Number<T>> {
-    let form = format!("{key} = 100");
-    Ok(match value_of(key, meta, &form, errors)? {
-        Some(expr) => Number::parse(&key.to_string(), &expr, errors),
-        None => Number::invalid(key.span()),
-    })
-}
-
-/// The `= value` of a key that needs one; a missing value is reported (and
-/// `None` returned) without stopping the parsing.
-fn value_of(
-    key: &Ident,
-    meta: &ParseNestedMeta<'_>,
-    form: &str,
-    errors: &mut Errors,
-) -> syn::Result<Option<Expr>> {
-    if meta.input.peek(Token![=]) {
-        meta.input.parse::<Token![=]>()?;
-        return meta.input.parse::<Expr>().map(Some);
-    }
-    let wrong = skip_value(meta)?;
-    let what = wrong.as_ref().map_or(key.span(), Spanned::span);
-    errors.at(what, format_args!("`{key}` needs a value: `{form}`"));
-    Ok(None)
-}
-
-/// Consumes whatever value follows a key (`= expr` or `(..)`), returning its
-/// tokens, so that parsing can go on after a wrong key.
-fn skip_value(meta: &ParseNestedMeta<'_>) -> syn::Result<Option<TokenStream>> {
-    let input = meta.input;
-    if input.peek(Token![=]) {
-        let eq: Token![=] = input.parse()?;
-        let expr: Expr = input.parse()?;
-        let mut tokens = eq.to_token_stream();
-        expr.to_tokens(&mut tokens);
-        Ok(Some(tokens))
-    } else if input.peek(syn::token::Paren) {
-        let group: proc_macro2::Group = input.parse()?;
-        Ok(Some(group.into_token_stream()))
-    } else {
-        Ok(None)
     }
 }
 

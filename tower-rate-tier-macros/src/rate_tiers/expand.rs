@@ -7,7 +7,8 @@ use quote::{ToTokens, quote, quote_spanned};
 use syn::punctuated::Punctuated;
 use syn::{Attribute, Ident, Item, ItemEnum, Meta, Path, Token, parse_quote};
 
-use super::ast::{Input, Period, Variant};
+use super::ast::{Input, Variant};
+use super::bands::{Bands, Period};
 use super::number::{Number, path_name};
 use crate::errors::Errors;
 use crate::krate;
@@ -129,6 +130,11 @@ fn generate(input: &Input, mode: Mode) -> TokenStream {
     let default_tier = default_tier(variants);
     let shadowed = shadowed(variants);
     let concurrency = concurrency(variants);
+    let units = match mode {
+        Mode::Complete => units(variants, &private),
+        // The trait's own `tier_units`: no unit.
+        Mode::Fallback => TokenStream::new(),
+    };
     let const_checks = variants.iter().map(|v| const_checks(v, ident));
 
     quote! {
@@ -201,6 +207,8 @@ fn generate(input: &Input, mode: Mode) -> TokenStream {
             fn tier_concurrency(self) -> ::core::option::Option<::core::primitive::u32> {
                 #concurrency
             }
+
+            #units
         }
     }
 }
@@ -239,15 +247,20 @@ fn quotas(variant: &Variant, private: &TokenStream) -> TokenStream {
     if tier.unlimited.is_some() {
         return quote!(#private::Quota::unlimited());
     }
-    let burst = tier.burst.as_ref().map(|burst| {
+    band_quotas(&tier.bands, private)
+}
+
+/// The `Quota` expressions of checked bands.
+fn band_quotas(bands: &Bands, private: &TokenStream) -> TokenStream {
+    let burst = bands.burst.as_ref().map(|burst| {
         let burst = number(&burst.value, "u32", Literal::u32_unsuffixed);
         quote!(.with_burst(#burst))
     });
-    let bands = tier.bands.iter().map(|band| {
+    let quotas = bands.list.iter().map(|band| {
         let count = number(&band.count, "u32", Literal::u32_unsuffixed);
         match &band.period {
-            Period::Unit(unit) => {
-                let constructor = Ident::new(unit.constructor(), Span::call_site());
+            Period::Named(period) => {
+                let constructor = Ident::new(period.constructor(), Span::call_site());
                 quote!(#private::Quota::#constructor(#count) #burst)
             }
             Period::Secs(period) => {
@@ -256,7 +269,7 @@ fn quotas(variant: &Variant, private: &TokenStream) -> TokenStream {
             }
         }
     });
-    quote!(#(#bands),*)
+    quote!(#(#quotas),*)
 }
 
 /// A checked number: the literal, or the value of the `const`.
@@ -277,34 +290,37 @@ fn number<T: Copy>(number: &Number<T>, ty: &str, literal: fn(T) -> Literal) -> T
     }
 }
 
-/// For each `const` of a variant's `#[tier(..)]`, an item that fails to
+/// For each `const` of a variant's `#[tier(..)]`s, an item that fails to
 /// compile if it is zero, with the error on the `const`'s name. (The `Quota`
 /// constructors would panic too, but only where `quotas()` is compiled to
 /// machine code, and with an error inside the runtime crate.)
 fn const_checks(variant: &Variant, enum_ident: &Ident) -> TokenStream {
-    let Some(tier) = &variant.tier else {
-        return TokenStream::new();
-    };
     let mut numbers: Vec<(String, &Number<u32>)> = Vec::new();
     let mut periods = Vec::new();
-    for band in &tier.bands {
-        numbers.push((band.key.to_string(), &band.count));
-        if let Period::Secs(period) = &band.period {
-            periods.push(&period.value);
+    let units = variant.units.iter().map(|unit| &unit.bands);
+    for bands in variant.tier.iter().map(|tier| &tier.bands).chain(units) {
+        for band in &bands.list {
+            numbers.push((band.key.to_string(), &band.count));
+            if let Period::Secs(period) = &band.period {
+                periods.push(&period.value);
+            }
         }
+        numbers.extend(
+            bands
+                .count
+                .iter()
+                .map(|count| (count.key.to_string(), &count.value)),
+        );
+        numbers.extend(
+            bands
+                .burst
+                .iter()
+                .map(|burst| (burst.key.to_string(), &burst.value)),
+        );
+        periods.extend(bands.period_secs.iter().map(|period| &period.value));
     }
-    numbers.extend(
-        tier.count
-            .iter()
-            .map(|count| (count.key.to_string(), &count.value)),
-    );
-    numbers.extend(
-        tier.burst
-            .iter()
-            .map(|burst| (burst.key.to_string(), &burst.value)),
-    );
-    numbers.extend(tier.concurrent.iter().map(|c| (c.key.to_string(), &c.value)));
-    periods.extend(tier.period_secs.iter().map(|period| &period.value));
+    let concurrent = variant.tier.iter().filter_map(|tier| tier.concurrent.as_ref());
+    numbers.extend(concurrent.map(|c| (c.key.to_string(), &c.value)));
 
     let mut checks = Vec::new();
     for (key, value) in numbers {
@@ -414,6 +430,39 @@ fn concurrency(variants: &[Variant]) -> TokenStream {
         match self {
             #(#arms)*
             _ => ::core::option::Option::None,
+        }
+    }
+}
+
+/// `TierTable::tier_units` of a checked table with units: each unit with
+/// its bands, in the order of the attributes. Nothing for a table without
+/// units, which keeps the trait's (no unit).
+fn units(variants: &[Variant], private: &TokenStream) -> TokenStream {
+    let arms: Vec<TokenStream> = variants
+        .iter()
+        .filter(|v| !v.units.is_empty())
+        .map(|v| {
+            let units = v.units.iter().map(|unit| {
+                let name = unit.name().map(|name| Literal::string(&name));
+                let quotas = band_quotas(&unit.bands, private);
+                quote!((#name, &[#quotas] as &[#private::Quota]))
+            });
+            let (ident, cfgs) = (&v.ident, &v.cfgs);
+            quote!(#(#cfgs)* Self::#ident => const { &[#(#units),*] },)
+        })
+        .collect();
+    if arms.is_empty() {
+        return TokenStream::new();
+    }
+    quote! {
+        fn tier_units(
+            self,
+        ) -> &'static [(&'static ::core::primitive::str, &'static [#private::Quota])] {
+            #[allow(unreachable_patterns)]
+            match self {
+                #(#arms)*
+                _ => &[],
+            }
         }
     }
 }

@@ -2,9 +2,11 @@
 //! ([`expand`]).
 
 mod ast;
+mod bands;
 mod expand;
 mod keys;
 mod number;
+mod unit;
 mod valid;
 
 pub(crate) use expand::expand;

@@ -6,9 +6,11 @@ use std::fmt::Display;
 use std::str::FromStr;
 
 use proc_macro2::Span;
+use syn::meta::ParseNestedMeta;
 use syn::spanned::Spanned;
-use syn::{Expr, ExprLit, ExprPath, Lit, Path};
+use syn::{Expr, ExprLit, ExprPath, Ident, Lit, Path};
 
+use super::keys::value_of;
 use crate::errors::Errors;
 
 /// A number as written.
@@ -44,6 +46,20 @@ impl<T: Integer> Number<T> {
     /// A number already reported as wrong (a missing value, say).
     pub(super) fn invalid(span: Span) -> Number<T> {
         Number::Lit { value: None, span }
+    }
+
+    /// The number of `key = value`; a missing or wrong value is reported,
+    /// and parsing goes on.
+    pub(super) fn read(
+        key: &Ident,
+        meta: &ParseNestedMeta<'_>,
+        errors: &mut Errors,
+    ) -> syn::Result<Number<T>> {
+        let form = format!("{key} = 100");
+        Ok(match value_of(key, meta, &form, errors)? {
+            Some(expr) => Number::parse(&key.to_string(), &expr, errors),
+            None => Number::invalid(key.span()),
+        })
     }
 
     /// The value of `key = expr`. Zero is accepted here and refused by

@@ -1,14 +1,31 @@
 //! The rules of `#[rate_tiers]` that span several keys or variants.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use quote::ToTokens;
 
-use super::ast::{Input, Period, Tier, Variant};
+use super::ast::{Input, Tier, Variant};
+use super::bands::{Bands, Period};
+use super::unit::UnitLimit;
 use crate::errors::Errors;
 
 /// The longest tier name the runtime accepts, in bytes.
 const MAX_NAME_LEN: usize = 255;
+
+/// The longest unit name the runtime accepts, in bytes.
+const MAX_UNIT_LEN: usize = 24;
+
+/// The unit names the runtime keeps for itself, and what to write instead.
+const RESERVED_UNITS: [(&str, &str); 2] = [
+    (
+        "requests",
+        "requests are limited by the tier's attribute without `unit`",
+    ),
+    (
+        "concurrent-requests",
+        "`concurrent = n` on the tier's attribute without `unit` limits requests in flight",
+    ),
+];
 
 impl Input {
     /// Reports every broken rule to `errors`.
@@ -64,37 +81,53 @@ impl Variant {
         }
         match &self.tier {
             Some(tier) => tier.validate(errors),
-            None => errors.spanned(
+            None if self.units.is_empty() => errors.spanned(
                 &self.ident,
                 format_args!(
                     "variant `{}` has no `#[tier(..)]` attribute; add one, e.g. `#[tier(per_hour = 100)]` or `#[tier(unlimited)]`",
                     self.ident
                 ),
             ),
+            None => errors.spanned(
+                &self.ident,
+                format_args!(
+                    "variant `{}` has only unit attributes; add a `#[tier(..)]` without `unit` for its requests, \
+                     e.g. `#[tier(per_hour = 100)]` or `#[tier(unlimited)]`",
+                    self.ident
+                ),
+            ),
+        }
+
+        let mut units = HashSet::new();
+        for unit in &self.units {
+            unit.validate(errors);
+            let (Some(lit), Some(name)) = (&unit.unit, unit.name()) else {
+                continue;
+            };
+            if units.contains(&name) {
+                errors.spanned(
+                    lit,
+                    format_args!(
+                        "unit `{}` specified more than once on `{}`; put its bands in one `#[tier(unit = {}, ..)]`",
+                        name.escape_debug(),
+                        self.ident,
+                        lit.to_token_stream()
+                    ),
+                );
+            } else {
+                units.insert(name);
+            }
         }
     }
 }
 
 impl Tier {
     fn validate(&self, errors: &mut Errors) {
-        self.validate_numbers(errors);
-        let unpaired = self.count.is_some() || self.period_secs.is_some();
-        if let Some(count) = &self.count {
-            errors.spanned(
-                &count.key,
-                "`count` needs `period_secs`: `count = 50, period_secs = 900` is 50 requests per 900 seconds",
-            );
-        }
-        if let Some(period) = &self.period_secs {
-            errors.spanned(
-                &period.key,
-                "`period_secs` needs `count`: `count = 50, period_secs = 900` is 50 requests per 900 seconds",
-            );
-        }
-
+        self.bands.validate("requests", errors);
+        let bands = &self.bands.list;
         if let Some(unlimited) = &self.unlimited {
-            if !self.bands.is_empty() {
-                let bands: Vec<String> = self.bands.iter().map(|band| format!("`{}`", band.key)).collect();
+            if !bands.is_empty() {
+                let bands: Vec<String> = bands.iter().map(|band| format!("`{}`", band.key)).collect();
                 errors.spanned(
                     unlimited,
                     format_args!(
@@ -103,27 +136,33 @@ impl Tier {
                     ),
                 );
             }
-            if let Some(burst) = &self.burst {
+            if let Some(burst) = &self.bands.burst {
                 errors.spanned(&burst.key, "`burst` does not apply to an `unlimited` tier");
             }
-        } else if self.bands.is_empty() {
-            if !self.incomplete && !unpaired {
+        } else if bands.is_empty() {
+            if !self.incomplete && !self.bands.unpaired() {
                 errors.spanned(
                     &self.tokens,
                     "a tier needs `unlimited` or at least one band: `per_second`, `per_minute`, `per_hour`, \
                      `per_day`, `per_week`, or `count` with `period_secs`",
                 );
             }
-        } else if let Some(burst) = self.burst.as_ref().filter(|_| self.bands.len() > 1) {
+        } else if let Some(burst) = self.bands.burst.as_ref().filter(|_| bands.len() > 1) {
             errors.spanned(
                 &burst.key,
                 format_args!(
                     "`burst` applies to one-band tiers only; this tier has {} bands",
-                    self.bands.len()
+                    bands.len()
                 ),
             );
         }
 
+        if let Some(concurrent) = self.concurrent.as_ref().filter(|c| c.value.is_zero_literal()) {
+            errors.at(
+                concurrent.value.span(),
+                "`concurrent` must be at least 1: a limit of 0 requests in flight admits nothing",
+            );
+        }
         if let Some(name) = &self.name {
             let len = name.value().len();
             if len == 0 || len > MAX_NAME_LEN {
@@ -136,11 +175,78 @@ impl Tier {
     }
 }
 
-impl Tier {
-    /// Literal zeros; a `const` that is zero is the generated code's to
-    /// report.
-    fn validate_numbers(&self, errors: &mut Errors) {
-        let counts = self.bands.iter().map(|band| (&band.key, &band.count));
+impl UnitLimit {
+    fn validate(&self, errors: &mut Errors) {
+        if let Some(lit) = &self.unit {
+            if let Some(problem) = unit_name_problem(&lit.value()) {
+                errors.spanned(lit, problem);
+            }
+        }
+        let name = self.name().map(|name| name.escape_debug().to_string());
+        self.bands.validate(name.as_deref().unwrap_or("units"), errors);
+        let whose = match &name {
+            Some(name) => format!("unit `{name}`"),
+            None => "a unit".to_owned(),
+        };
+        let bands = &self.bands.list;
+        if bands.is_empty() {
+            if !self.incomplete && !self.bands.unpaired() {
+                errors.spanned(
+                    &self.tokens,
+                    format_args!(
+                        "{whose} needs at least one band: `per_second`, `per_minute`, `per_hour`, `per_day`, \
+                         `per_week`, or `count` with `period_secs`"
+                    ),
+                );
+            }
+        } else if let Some(burst) = self.bands.burst.as_ref().filter(|_| bands.len() > 1) {
+            errors.spanned(
+                &burst.key,
+                format_args!(
+                    "`burst` applies to one-band units only; {whose} has {} bands",
+                    bands.len()
+                ),
+            );
+        }
+    }
+}
+
+/// What is wrong with a unit name, if anything: it is reserved, or not 1 to
+/// 24 bytes of `a`-`z`, `0`-`9`, `-` and `_` that start with a letter.
+fn unit_name_problem(name: &str) -> Option<String> {
+    if let Some((_, instead)) = RESERVED_UNITS.iter().find(|(reserved, _)| *reserved == name) {
+        return Some(format!("unit `{name}` is reserved: {instead}"));
+    }
+    let allowed = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_';
+    let rule = format!(
+        "a unit name is 1 to {MAX_UNIT_LEN} bytes of lowercase ASCII letters, digits, `-` and `_`, \
+         starting with a letter"
+    );
+    if name.is_empty() {
+        return Some(format!("empty unit name: {rule}"));
+    }
+    let problem = if name.len() > MAX_UNIT_LEN {
+        format!("it is {} bytes long", name.len())
+    } else if let Some(c) = name.chars().find(|&c| !allowed(c)) {
+        format!("`{}` is not allowed", c.escape_debug())
+    } else if !name.starts_with(|c: char| c.is_ascii_lowercase()) {
+        "it does not start with a lowercase letter".to_owned()
+    } else {
+        return None;
+    };
+    Some(format!(
+        "invalid unit name `{}` ({problem}): {rule}",
+        name.escape_debug()
+    ))
+}
+
+impl Bands {
+    /// The rules of the bands alone: literal zeros (a `const` that is zero
+    /// is the generated code's to report), and `count` with `period_secs`.
+    /// `counted` is what a band counts, for the messages: `requests`,
+    /// `tokens`.
+    fn validate(&self, counted: &str, errors: &mut Errors) {
+        let counts = self.list.iter().map(|band| (&band.key, &band.count));
         let unpaired = self.count.iter().map(|count| (&count.key, &count.value));
         for (key, count) in counts.chain(unpaired) {
             if count.is_zero_literal() {
@@ -150,9 +256,9 @@ impl Tier {
                 );
             }
         }
-        let periods = self.bands.iter().filter_map(|band| match &band.period {
+        let periods = self.list.iter().filter_map(|band| match &band.period {
             Period::Secs(period) => Some(period),
-            Period::Unit(_) => None,
+            Period::Named(_) => None,
         });
         for period in periods.chain(&self.period_secs) {
             if period.value.is_zero_literal() {
@@ -168,11 +274,53 @@ impl Tier {
                 "`burst` must be at least 1: a zero burst admits nothing",
             );
         }
-        if let Some(concurrent) = self.concurrent.as_ref().filter(|c| c.value.is_zero_literal()) {
-            errors.at(
-                concurrent.value.span(),
-                "`concurrent` must be at least 1: a limit of 0 requests in flight admits nothing",
+        if let Some(count) = &self.count {
+            errors.spanned(
+                &count.key,
+                format_args!(
+                    "`count` needs `period_secs`: `count = 50, period_secs = 900` is 50 {counted} per 900 seconds"
+                ),
             );
+        }
+        if let Some(period) = &self.period_secs {
+            errors.spanned(
+                &period.key,
+                format_args!(
+                    "`period_secs` needs `count`: `count = 50, period_secs = 900` is 50 {counted} per 900 seconds"
+                ),
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unit_names_as_the_runtime_takes_them() {
+        for good in [
+            "tokens",
+            "content-bytes",
+            "images_v2",
+            "a",
+            "a-twenty-four-byte-unit_",
+        ] {
+            assert_eq!(unit_name_problem(good), None, "{good}");
+        }
+        for bad in [
+            "",
+            "requests",
+            "concurrent-requests",
+            "Tokens",
+            "2fa",
+            "-tokens",
+            "_tokens",
+            "content bytes",
+            "tökens",
+            "a-twenty-five-bytes-unit_",
+        ] {
+            assert!(unit_name_problem(bad).is_some(), "{bad}");
         }
     }
 }

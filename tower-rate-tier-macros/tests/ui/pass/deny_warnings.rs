@@ -18,8 +18,10 @@ use trt::{Quota, RateTier, TierIdentity, TierLimitLayer, TierTable, rate_tiers, 
 /// The plans (public, documented).
 #[rate_tiers]
 pub enum Plan {
-    /// Free users.
+    /// Free users, with units besides requests.
     #[tier(per_hour = 100, default)]
+    #[tier(unit = "tokens", per_minute = 40_000, per_day = 1_000_000)]
+    #[tier(unit = "content-bytes", per_hour = limits::BYTES_PER_HOUR)]
     Free,
     /// Paying users.
     #[tier(per_hour = 5_000, burst = 200)]
@@ -30,8 +32,9 @@ pub enum Plan {
     /// Two bands.
     #[tier(per_second = 5, per_day = 10_000)]
     Startup,
-    /// No limit.
+    /// No limit on requests; a limit on tokens.
     #[tier(unlimited)]
+    #[tier(unit = "tokens", count = 1_000_000, period_secs = 3_600)]
     Enterprise,
 }
 
@@ -45,6 +48,8 @@ pub mod limits {
     pub const MONTH_SECS: u64 = 30 * 86_400;
     /// What an export costs (nothing).
     pub const EXPORT_COST: u32 = 0;
+    /// Content bytes per hour of free users.
+    pub const BYTES_PER_HOUR: u32 = 100 << 20;
 }
 
 /// The other keys: `const` paths, `per_week`, `count` with `period_secs`.
@@ -77,6 +82,7 @@ mod internal {
     #[derive(Debug, Clone, Copy)]
     pub(crate) enum Probe {
         #[tier(per_second = 1)]
+        #[tier(unit = "checks", per_second = 1)]
         Health,
         #[cfg(any())]
         #[tier(per_second = 2, default)]
@@ -127,6 +133,20 @@ fn main() {
     assert_eq!(Plan::default_tier(), Some(Plan::Free));
     assert_eq!(internal::Probe::default_tier(), None);
     assert_eq!(internal::Probe::Health.name(), "health");
+    assert_eq!(
+        Plan::Free.tier_units(),
+        [
+            ("tokens", &[Quota::per_minute(40_000), Quota::per_day(1_000_000)][..]),
+            ("content-bytes", &[Quota::per_hour(100 << 20)][..]),
+        ]
+    );
+    let hour = Duration::from_secs(3_600);
+    assert_eq!(
+        Plan::Enterprise.tier_units(),
+        [("tokens", &[Quota::per_period(1_000_000, hour)][..])]
+    );
+    assert_eq!(Plan::Pro.tier_units(), []);
+    assert_eq!(internal::Probe::Health.tier_units()[0].0, "checks");
 
     assert_eq!(Extended::Configured.quotas(), [Quota::per_hour(100).with_burst(20)]);
     assert_eq!(Extended::Weekly.quotas(), [Quota::per_week(1_000)]);

@@ -29,6 +29,7 @@ enum Plan {
     #[tier(per_hour = 5_000, name = "pro")]
     Some,
     #[tier(unlimited, default)]
+    #[tier(unit = "tokens", per_minute = 1_000)]
     None,
     #[cfg(any())]
     #[tier(per_hour = 1)]
@@ -56,6 +57,10 @@ fn main() {
     );
     assert_eq!("none".parse::<Plan>(), ::core::result::Result::Ok(Plan::None));
     assert!("ok".parse::<Plan>().is_err());
+    assert_eq!(
+        <Plan as ::trt::TierTable>::tier_units(Plan::None),
+        [("tokens", &[::trt::Quota::per_minute(1_000)][..])]
+    );
 
     let _app: ::axum::Router = ::axum::Router::new()
         .route("/ping", ::axum::routing::get(ping))
