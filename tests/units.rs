@@ -248,3 +248,26 @@ async fn set_tier_keeps_units_and_their_state_until_set_tier_unit_changes_them()
             .is_err()
     );
 }
+
+#[tower_rate_tier::rate_tiers]
+enum Plan {
+    #[tier(per_minute = 20, concurrent = 2, default)]
+    #[tier(unit = "tokens", per_minute = 40_000, per_day = 1_000_000)]
+    Free,
+    #[tier(unlimited)]
+    #[tier(unit = "content-bytes", per_hour = 1_048_576)]
+    Team,
+}
+
+#[test]
+fn a_tier_table_brings_its_units() {
+    let tiers = RateTier::builder().tiers::<Plan>().build();
+    assert_eq!(tiers.units("free"), ["tokens"]);
+    assert_eq!(
+        tiers.unit_quotas("free", "tokens"),
+        Some(vec![Quota::per_minute(40_000), Quota::per_day(1_000_000)])
+    );
+    assert_eq!(tiers.concurrency("free"), Some(2));
+    assert_eq!(tiers.units("team"), ["content-bytes"]);
+    assert_eq!(tiers.quotas("team"), Some(vec![Quota::unlimited()]));
+}
