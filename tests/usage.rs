@@ -299,3 +299,103 @@ async fn a_customer_may_have_bands_of_its_own_for_a_unit() {
         StatusCode::FORBIDDEN
     );
 }
+
+#[tokio::test]
+async fn a_tonic_service_reads_a_refusal_as_resource_exhausted() {
+    use tonic_types::StatusExt;
+    let clock = FakeClock::new();
+    let tiers = tiers(&clock);
+    let status = Arc::new(Mutex::new(None));
+    let seen = status.clone();
+    let app = Router::new()
+        .route(
+            "/",
+            get(move |request: Request<Body>| async move {
+                // what a tonic service does with `request.extensions()`
+                let usage = TierUsage::from_extensions(request.extensions()).unwrap();
+                let refused = usage
+                    .reserve("tokens", 1_000)
+                    .await
+                    .and(usage.reserve("tokens", 1).await);
+                *seen.lock().unwrap() = refused.err().map(tonic::Status::from);
+                "ok"
+            }),
+        )
+        .layer(TierLimitLayer::new(tiers.clone()).identifier_fn(header_identity));
+    send(&app, get_as("ada", "/")).await;
+    let status = status
+        .lock()
+        .unwrap()
+        .take()
+        .expect("the second reservation was refused");
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted);
+    let retry = status.get_details_retry_info().expect("RetryInfo");
+    assert_eq!(retry.retry_delay, Some(Duration::from_secs(1)));
+    let failure = status.get_details_quota_failure().expect("QuotaFailure");
+    assert_eq!(failure.violations[0].subject, "tier:free.tokens");
+    assert_eq!(status.metadata().get("retry-after").unwrap(), "1");
+}
+
+#[tokio::test]
+async fn shadow_mode_reports_a_units_refusal_and_lets_it_through() {
+    let clock = FakeClock::new();
+    let tiers = RateTier::builder()
+        .tier("free", Quota::per_minute(10))
+        .tier_unit("free", "tokens", Quota::per_minute(1_000))
+        .shadow_tier("free")
+        .clock(clock.clone())
+        .build();
+    let shadowed = Arc::new(Mutex::new(0));
+    let seen = shadowed.clone();
+    let app = routes().layer(
+        TierLimitLayer::new(tiers.clone())
+            .identifier_fn(header_identity)
+            .on_event(move |event| {
+                if let RateLimitEvent::ShadowLimited { .. } = event {
+                    *seen.lock().unwrap() += 1;
+                }
+            }),
+    );
+    assert_eq!(
+        send(&app, get_as("ada", "/complete?reserve=900")).await.status,
+        StatusCode::OK
+    );
+    // 100 left: refused in shadow, let through, nothing taken
+    assert_eq!(
+        send(&app, get_as("ada", "/complete?reserve=500")).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(*shadowed.lock().unwrap(), 1);
+    assert_eq!(left(&tiers, "ada", "tokens").await, 100);
+}
+
+#[tokio::test]
+async fn stacked_limiters_each_count_the_units_their_tiers_have() {
+    let clock = FakeClock::new();
+    let outer = RateTier::builder()
+        .tier("free", Quota::per_minute(100))
+        .tier_unit("free", "tokens", Quota::per_minute(10_000))
+        .clock(clock.clone())
+        .build();
+    let inner = tiers(&clock);
+    let requests_only = RateTier::builder()
+        .tier("free", Quota::per_minute(100))
+        .clock(clock.clone())
+        .build();
+    let app = routes()
+        .layer(TierLimitLayer::new(inner.clone()).identifier_fn(header_identity))
+        .layer(TierLimitLayer::new(requests_only).identifier_fn(header_identity))
+        .layer(TierLimitLayer::new(outer.clone()).identifier_fn(header_identity));
+    assert_eq!(
+        send(&app, get_as("ada", "/complete?reserve=500&use=700"))
+            .await
+            .status,
+        StatusCode::OK
+    );
+    assert_eq!(left(&inner, "ada", "tokens").await, 300);
+    assert_eq!(left(&outer, "ada", "tokens").await, 9_300);
+    // the inner one refuses: the outer one's reservation is given back
+    let refused = send(&app, get_as("ada", "/complete?reserve=400")).await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(left(&outer, "ada", "tokens").await, 9_300);
+}

@@ -178,3 +178,24 @@ impl axum::response::IntoResponse for TierRefusal {
         self.response.map(axum::body::Body::from)
     }
 }
+
+#[cfg(feature = "grpc")]
+impl From<TierRefusal> for tonic::Status {
+    /// The refusal as the gRPC status the layer answers a gRPC call with
+    /// (see [`grpc`](crate::grpc)): RESOURCE_EXHAUSTED with `RetryInfo` and
+    /// a `QuotaFailure` naming the unit's item for a refusal by a unit,
+    /// PERMISSION_DENIED for an amount that could never fit; the rate-limit
+    /// fields as metadata.
+    fn from(refusal: TierRefusal) -> Self {
+        let mut call = http::HeaderMap::new();
+        call.insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/grpc"),
+        );
+        let answer = crate::grpc::refusal(&call, refusal.response, false);
+        let mut fields = answer.headers().clone();
+        fields.remove(http::header::CONTENT_TYPE);
+        tonic::Status::from_header_map(&fields)
+            .unwrap_or_else(|| tonic::Status::internal("the usage was refused"))
+    }
+}
