@@ -399,3 +399,41 @@ async fn stacked_limiters_each_count_the_units_their_tiers_have() {
     assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(left(&outer, "ada", "tokens").await, 9_300);
 }
+
+#[tokio::test]
+async fn units_recorded_and_forgiven_are_counted_per_tier_and_unit() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let clock = FakeClock::new();
+    let tiers = tiers(&clock);
+    let app = metrics::with_local_recorder(&recorder, || {
+        routes().layer(
+            TierLimitLayer::new(tiers.clone())
+                .identifier_fn(header_identity)
+                .metrics(true),
+        )
+    });
+    send(&app, get_as("ada", "/complete?reserve=100&use=300")).await;
+    // 1,000 left and 1,000 of debt: 2,000 recorded, 3,000 forgiven
+    send(&app, get_as("bob", "/complete?use=5000")).await;
+    send(&app, get_as("ada", "/bytes")).await;
+    let mut counts = std::collections::BTreeMap::new();
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let key = key.key();
+        if key.name() != tower_rate_tier::metrics::UNITS_TOTAL {
+            continue;
+        }
+        let label = |k: &str| key.labels().find(|l| l.key() == k).unwrap().value().to_owned();
+        let DebugValue::Counter(n) = value else {
+            panic!("a counter")
+        };
+        counts.insert((label("tier"), label("unit"), label("outcome")), n);
+    }
+    let count = |unit: &str, outcome: &str| counts[&("free".to_owned(), unit.to_owned(), outcome.to_owned())];
+    assert_eq!(count("tokens", "recorded"), 2_300);
+    assert_eq!(count("tokens", "forgiven"), 3_000);
+    assert_eq!(count("tokens", "lost"), 0);
+    // two answers of 4 bytes ("done") and one of 30
+    assert_eq!(count("content-bytes", "recorded"), 38);
+}

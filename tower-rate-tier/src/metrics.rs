@@ -8,6 +8,7 @@
 //! | `tower_rate_tier_storage_errors_total` | counter | `storage`, `kind` | failed storage operations ([`MeteredStorage`]); `kind` is `timeout`, `unavailable`, `full` or `other` |
 //! | `tower_rate_tier_deny_cache_hits_total` | counter | `storage` | denials answered by a deny cache without asking the storage ([`MeteredStorage`] around it) |
 //! | `tower_rate_tier_concurrent_requests` | gauge | `tier` | slots of the tier's concurrency limit held now by requests this layer admitted, all users together ([`TierLimitLayer::metrics`](crate::TierLimitLayer::metrics)) |
+//! | `tower_rate_tier_units_total` | counter | `tier`, `unit`, `outcome` | units of a tier's named units ([`RateTierBuilder::tier_unit`](crate::RateTierBuilder::tier_unit)) that requests this layer admitted used: `recorded` (charged, into a debt if need be), `forgiven` (beyond the unit's debt bound), `lost` (the storage failed) ([`TierLimitLayer::metrics`](crate::TierLimitLayer::metrics)) |
 //! | `tower_rate_tier_fallback_active` | gauge | `storage` | 1 while a [`Fallback`](crate::storage::Fallback) answers from its local limiter, 0 once the primary answers again ([`MeteredStorage`] around it) |
 //!
 //! The `outcome` of a request ([`Outcome`]):
@@ -90,22 +91,19 @@
 //! ```
 
 mod slots;
+mod storage;
+mod units;
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::Arc;
-use std::time::Instant;
 
-use metrics::{Counter, Histogram, SharedString, Unit};
+use metrics::{Counter, SharedString, Unit};
 
-use crate::clock::Clock;
 use crate::policy::{OnMissing, OnStorageError, OnUnknownTier};
-use crate::quota::Quota;
-use crate::storage::{
-    Decide, Decision, DecisionSource, Op, Storage, StorageError, StorageErrorKind, StorageKey,
-};
 use crate::tier::{CheckError, CheckResult, RateTier};
 use slots::SlotGauges;
+pub use storage::MeteredStorage;
+pub(crate) use units::{UnitCounters, UnitOutcome};
 
 /// `tower_rate_tier_requests_total{tier, outcome}`.
 pub const REQUESTS_TOTAL: &str = "tower_rate_tier_requests_total";
@@ -121,6 +119,10 @@ pub const DENY_CACHE_HITS_TOTAL: &str = "tower_rate_tier_deny_cache_hits_total";
 pub const FALLBACK_ACTIVE: &str = "tower_rate_tier_fallback_active";
 /// `tower_rate_tier_concurrent_requests{tier}` (gauge): slots in use.
 pub const CONCURRENT_REQUESTS: &str = "tower_rate_tier_concurrent_requests";
+/// `tower_rate_tier_units_total{tier, unit, outcome}`: units recorded
+/// (`recorded`), forgiven beyond a unit's debt bound (`forgiven`) or not
+/// recorded for a storage failure (`lost`).
+pub const UNITS_TOTAL: &str = "tower_rate_tier_units_total";
 /// The `tier` label of requests charged to no configured tier.
 pub const UNKNOWN: &str = "unknown";
 
@@ -145,7 +147,7 @@ pub(crate) fn describe_requests() {
 /// [`STORAGE_ERRORS_TOTAL`], [`DENY_CACHE_HITS_TOTAL`], [`FALLBACK_ACTIVE`])
 /// to the recorder in force. Called where their handles are registered
 /// ([`MeteredStorage::new`]).
-fn describe_storage() {
+pub(super) fn describe_storage() {
     metrics::describe_histogram!(
         STORAGE_DURATION_SECONDS,
         Unit::Seconds,
@@ -386,114 +388,5 @@ impl fmt::Debug for RequestCounters {
         f.debug_struct("RequestCounters")
             .field("tiers", &self.tiers.len())
             .finish_non_exhaustive()
-    }
-}
-
-/// A [`Storage`] that times every operation of the storage it wraps
-/// ([`STORAGE_DURATION_SECONDS`]) and counts its failures by kind
-/// ([`STORAGE_ERRORS_TOTAL`]), both labelled `storage` with the name you
-/// give. A decision that is ready at once is timed without allocating; one
-/// that waits (Redis) is timed until its answer.
-///
-/// ```
-/// use tower_rate_tier::metrics::MeteredStorage;
-/// use tower_rate_tier::storage::MemoryStorage;
-/// use tower_rate_tier::{Quota, RateTier};
-///
-/// // with the recorder installed first
-/// let tiers = RateTier::builder()
-///     .tier("free", Quota::per_minute(10))
-///     .storage(MeteredStorage::new(MemoryStorage::new(), "memory"))
-///     .build();
-/// # let _ = tiers;
-/// ```
-pub struct MeteredStorage<S> {
-    inner: S,
-    probe: Arc<Probe>,
-}
-
-struct Probe {
-    duration: Histogram,
-    /// By [`kind_index`].
-    errors: [Counter; 4],
-    deny_cache_hits: Counter,
-    fallback_active: metrics::Gauge,
-}
-
-fn kind_index(kind: StorageErrorKind) -> usize {
-    match kind {
-        StorageErrorKind::Timeout => 0,
-        StorageErrorKind::Unavailable => 1,
-        StorageErrorKind::Full => 2,
-        _ => 3,
-    }
-}
-
-impl Probe {
-    fn record(&self, started: Instant, result: &Result<Decision, StorageError>) {
-        self.duration.record(started.elapsed().as_secs_f64());
-        match result {
-            Err(error) => self.errors[kind_index(error.kind())].increment(1),
-            Ok(decision) => match decision.source {
-                DecisionSource::DenyCache => self.deny_cache_hits.increment(1),
-                DecisionSource::Fallback => self.fallback_active.set(1.0),
-                DecisionSource::Storage => self.fallback_active.set(0.0),
-                _ => {}
-            },
-        }
-    }
-}
-
-impl<S: Storage> MeteredStorage<S> {
-    /// Wraps `inner`, naming it `name` in the `storage` label (`"memory"`,
-    /// `"redis"`). Registers its handles with the recorder in force.
-    pub fn new(inner: S, name: impl Into<SharedString>) -> Self {
-        describe_storage();
-        let name: SharedString = name.into();
-        let errors = ["timeout", "unavailable", "full", "other"]
-            .map(|kind| metrics::counter!(STORAGE_ERRORS_TOTAL, "storage" => name.clone(), "kind" => kind));
-        let duration = metrics::histogram!(STORAGE_DURATION_SECONDS, "storage" => name.clone());
-        let deny_cache_hits = metrics::counter!(DENY_CACHE_HITS_TOTAL, "storage" => name.clone());
-        let fallback_active = metrics::gauge!(FALLBACK_ACTIVE, "storage" => name);
-        MeteredStorage {
-            inner,
-            probe: Arc::new(Probe {
-                duration,
-                errors,
-                deny_cache_hits,
-                fallback_active,
-            }),
-        }
-    }
-
-    /// The wrapped storage.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-}
-
-impl<S: Storage> Storage for MeteredStorage<S> {
-    fn decide(&self, key: StorageKey<'_>, bands: &[Quota], op: Op, clock: &Arc<dyn Clock>) -> Decide {
-        let started = Instant::now();
-        match self.inner.decide(key, bands, op, clock).into_ready() {
-            Ok(result) => {
-                self.probe.record(started, &result);
-                Decide::ready(result)
-            }
-            Err(pending) => {
-                let probe = self.probe.clone();
-                Decide::pending(async move {
-                    let result = pending.await;
-                    probe.record(started, &result);
-                    result
-                })
-            }
-        }
-    }
-}
-
-impl<S: fmt::Debug> fmt::Debug for MeteredStorage<S> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("MeteredStorage").field(&self.inner).finish()
     }
 }

@@ -55,6 +55,9 @@ pub(crate) struct Refusals {
     /// Whether this layer's last decision came from a fallback's local
     /// limiter.
     fallback: Arc<std::sync::atomic::AtomicBool>,
+    /// The counters of units recorded, when the layer counts metrics.
+    #[cfg(feature = "metrics")]
+    pub(crate) units: Option<Arc<crate::metrics::UnitCounters>>,
 }
 
 /// Names user ids in logs and events by a keyed hash (SipHash-1-3 under a
@@ -332,9 +335,30 @@ impl Refusals {
         }
     }
 
-    /// Usage beyond a unit's debt bound was forgiven: reported, never lost
-    /// silently.
-    pub(crate) fn usage_forgiven(&self, user: &str, tier: &str, unit: &str, units: u32) {
+    /// Usage was recorded: `used` units of `unit`, of which `forgiven`
+    /// beyond its debt bound (reported, never lost silently).
+    pub(crate) fn usage_recorded(&self, user: &str, tier: &str, unit: &str, used: u32, forgiven: u32) {
+        #[cfg(feature = "metrics")]
+        if let Some(counters) = &self.units {
+            use crate::metrics::UnitOutcome;
+            counters.count(
+                tier,
+                unit,
+                UnitOutcome::Recorded,
+                u64::from(used - forgiven.min(used)),
+            );
+            if forgiven > 0 {
+                counters.count(tier, unit, UnitOutcome::Forgiven, u64::from(forgiven));
+            }
+        }
+        #[cfg(not(feature = "metrics"))]
+        let _ = used;
+        if forgiven > 0 {
+            self.usage_forgiven(user, tier, unit, forgiven);
+        }
+    }
+
+    fn usage_forgiven(&self, user: &str, tier: &str, unit: &str, units: u32) {
         if let Some(skipped) = self.warnings.due(&self.warnings.usage) {
             tracing::warn!(target: "tower_rate_tier", tier, unit, units, skipped, "usage beyond the unit's debt bound was forgiven");
         }
@@ -352,6 +376,10 @@ impl Refusals {
     /// Usage that could not be recorded (the storage failed, an unknown
     /// unit): counted and logged.
     pub(crate) fn usage_lost(&self, user: &str, tier: &str, unit: &str, units: u32, error: &CheckError) {
+        #[cfg(feature = "metrics")]
+        if let (Some(counters), CheckError::Storage(_)) = (&self.units, error) {
+            counters.count(tier, unit, crate::metrics::UnitOutcome::Lost, u64::from(units));
+        }
         if let Some(skipped) = self.warnings.due(&self.warnings.usage) {
             tracing::warn!(target: "tower_rate_tier", tier, unit = %shown(unit), units, %error, skipped, "usage was not recorded");
         }

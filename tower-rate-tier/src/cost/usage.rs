@@ -92,9 +92,9 @@ impl Charge {
             move |decided: Result<Decision, StorageError>| match decided {
                 Ok(decision) => {
                     let units = forgiven(&tier, &unit, &decision);
-                    if units > 0 {
-                        ledger.refusals.usage_forgiven(&user, &tier.name, &unit, units);
-                    }
+                    ledger
+                        .refusals
+                        .usage_recorded(&user, &tier.name, &unit, used, units);
                 }
                 Err(error) => {
                     let error = CheckError::Storage(error);

@@ -322,7 +322,9 @@ impl TierLimitLayer {
             crate::metrics::describe_requests();
             Arc::new(crate::metrics::RequestCounters::new(self.tiers()))
         });
+        let units = enabled.then(|| Arc::new(crate::metrics::UnitCounters::new(self.tiers())));
         self.configure().metrics = counters;
+        Arc::make_mut(&mut self.configure().ledger).refusals.units = units;
         self
     }
 

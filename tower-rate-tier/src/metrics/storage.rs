@@ -1,0 +1,126 @@
+//! [`MeteredStorage`]: a storage's operations timed and its failures
+//! counted.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Instant;
+
+use metrics::{Counter, Histogram, SharedString};
+
+use super::{
+    DENY_CACHE_HITS_TOTAL, FALLBACK_ACTIVE, STORAGE_DURATION_SECONDS, STORAGE_ERRORS_TOTAL, describe_storage,
+};
+use crate::clock::Clock;
+use crate::quota::Quota;
+use crate::storage::{
+    Decide, Decision, DecisionSource, Op, Storage, StorageError, StorageErrorKind, StorageKey,
+};
+
+/// A [`Storage`] that times every operation of the storage it wraps
+/// ([`STORAGE_DURATION_SECONDS`]) and counts its failures by kind
+/// ([`STORAGE_ERRORS_TOTAL`]), both labelled `storage` with the name you
+/// give. A decision that is ready at once is timed without allocating; one
+/// that waits (Redis) is timed until its answer.
+///
+/// ```
+/// use tower_rate_tier::metrics::MeteredStorage;
+/// use tower_rate_tier::storage::MemoryStorage;
+/// use tower_rate_tier::{Quota, RateTier};
+///
+/// // with the recorder installed first
+/// let tiers = RateTier::builder()
+///     .tier("free", Quota::per_minute(10))
+///     .storage(MeteredStorage::new(MemoryStorage::new(), "memory"))
+///     .build();
+/// # let _ = tiers;
+/// ```
+pub struct MeteredStorage<S> {
+    inner: S,
+    probe: Arc<Probe>,
+}
+
+struct Probe {
+    duration: Histogram,
+    /// By [`kind_index`].
+    errors: [Counter; 4],
+    deny_cache_hits: Counter,
+    fallback_active: metrics::Gauge,
+}
+
+fn kind_index(kind: StorageErrorKind) -> usize {
+    match kind {
+        StorageErrorKind::Timeout => 0,
+        StorageErrorKind::Unavailable => 1,
+        StorageErrorKind::Full => 2,
+        _ => 3,
+    }
+}
+
+impl Probe {
+    fn record(&self, started: Instant, result: &Result<Decision, StorageError>) {
+        self.duration.record(started.elapsed().as_secs_f64());
+        match result {
+            Err(error) => self.errors[kind_index(error.kind())].increment(1),
+            Ok(decision) => match decision.source {
+                DecisionSource::DenyCache => self.deny_cache_hits.increment(1),
+                DecisionSource::Fallback => self.fallback_active.set(1.0),
+                DecisionSource::Storage => self.fallback_active.set(0.0),
+                _ => {}
+            },
+        }
+    }
+}
+
+impl<S: Storage> MeteredStorage<S> {
+    /// Wraps `inner`, naming it `name` in the `storage` label (`"memory"`,
+    /// `"redis"`). Registers its handles with the recorder in force.
+    pub fn new(inner: S, name: impl Into<SharedString>) -> Self {
+        describe_storage();
+        let name: SharedString = name.into();
+        let errors = ["timeout", "unavailable", "full", "other"]
+            .map(|kind| metrics::counter!(STORAGE_ERRORS_TOTAL, "storage" => name.clone(), "kind" => kind));
+        let duration = metrics::histogram!(STORAGE_DURATION_SECONDS, "storage" => name.clone());
+        let deny_cache_hits = metrics::counter!(DENY_CACHE_HITS_TOTAL, "storage" => name.clone());
+        let fallback_active = metrics::gauge!(FALLBACK_ACTIVE, "storage" => name);
+        MeteredStorage {
+            inner,
+            probe: Arc::new(Probe {
+                duration,
+                errors,
+                deny_cache_hits,
+                fallback_active,
+            }),
+        }
+    }
+
+    /// The wrapped storage.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+}
+
+impl<S: Storage> Storage for MeteredStorage<S> {
+    fn decide(&self, key: StorageKey<'_>, bands: &[Quota], op: Op, clock: &Arc<dyn Clock>) -> Decide {
+        let started = Instant::now();
+        match self.inner.decide(key, bands, op, clock).into_ready() {
+            Ok(result) => {
+                self.probe.record(started, &result);
+                Decide::ready(result)
+            }
+            Err(pending) => {
+                let probe = self.probe.clone();
+                Decide::pending(async move {
+                    let result = pending.await;
+                    probe.record(started, &result);
+                    result
+                })
+            }
+        }
+    }
+}
+
+impl<S: fmt::Debug> fmt::Debug for MeteredStorage<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("MeteredStorage").field(&self.inner).finish()
+    }
+}
