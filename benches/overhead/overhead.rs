@@ -92,6 +92,14 @@ fn app(mode: &str) -> Router {
             let tiers = free(Quota::per_hour(10_000)).tier_concurrency("free", 4).build();
             router.layer(ours(tiers))
         }
+        // ours on a tier that also counts a unit (tokens): each request is
+        // admitted when the unit has room, without charging it
+        "ours-unit" => {
+            let tiers = free(Quota::per_hour(10_000))
+                .tier_unit("free", "tokens", Quota::per_hour(1_000_000))
+                .build();
+            router.layer(ours(tiers))
+        }
         // ours with the two IETF fields (`RateLimitHeaders::IETF`), as
         // tower_governor's `use_headers()` adds two
         "ours-ietf" => router.layer(
@@ -167,7 +175,7 @@ fn app(mode: &str) -> Router {
                 .map_response(insert_fields),
         ),
         other => panic!(
-            "unknown mode {other}: use none, noop, ours, ours-concurrency, ours-ietf, ours-none, ours-unlimited, governor, governor-plain, fields, fields+id, \
+            "unknown mode {other}: use none, noop, ours, ours-unit, ours-concurrency, ours-ietf, ours-none, ours-unlimited, governor, governor-plain, fields, fields+id, \
              contracts-first or contracts-late"
         ),
     }
@@ -184,12 +192,26 @@ fn core(mode: &str, n: usize) {
         .build()
         .expect("runtime");
     let _entered = rt.enter();
+    let with_unit = || {
+        RateTier::builder()
+            .tier("free", Quota::per_second(1_000_000))
+            .tier_unit("free", "tokens", Quota::per_second(1_000_000))
+            .build()
+    };
     let ok = if mode == "core-ours" {
         let tiers = RateTier::builder()
             .tier("free", Quota::per_second(1_000_000))
             .build();
         core_loop_ours(&tiers, &keys, keys.len());
         core_loop_ours(&tiers, &keys, n)
+    } else if mode == "core-ours-unit" {
+        let tiers = with_unit();
+        core_loop_ours_unit(&tiers, &keys, keys.len());
+        core_loop_ours_unit(&tiers, &keys, n)
+    } else if mode == "core-record" {
+        let tiers = with_unit();
+        core_loop_ours_unit(&tiers, &keys, keys.len());
+        core_loop_record(&tiers, &keys, n)
     } else if mode == "core-governor-state" {
         let limiter = governor::RateLimiter::dashmap_with_hasher(
             governor::Quota::per_second(std::num::NonZeroU32::new(1_000_000).expect("non-zero")),
@@ -213,6 +235,30 @@ fn core(mode: &str, n: usize) {
 #[inline(never)]
 fn core_loop_ours(tiers: &RateTier, keys: &[String], n: usize) -> usize {
     in_place(tiers, keys, n)
+}
+
+/// `n` checks of ours on a tier with a unit (its bands required, not
+/// charged).
+#[inline(never)]
+fn core_loop_ours_unit(tiers: &RateTier, keys: &[String], n: usize) -> usize {
+    in_place(tiers, keys, n)
+}
+
+/// `n` records of one token of usage (`RateTier::record`), each future
+/// built and polled in place, on the same tier.
+#[inline(never)]
+fn core_loop_record(tiers: &RateTier, keys: &[String], n: usize) -> usize {
+    let waker = std::task::Waker::noop();
+    let mut cx = std::task::Context::from_waker(waker);
+    let mut ok = 0;
+    for i in 0..n {
+        let key = &keys[i % keys.len()];
+        let mut record = std::pin::pin!(tiers.record(std::hint::black_box(key), "free", "tokens", 1));
+        if let std::task::Poll::Ready(Ok(())) = record.as_mut().poll(&mut cx) {
+            ok += 1;
+        }
+    }
+    ok
 }
 
 /// governor's keyed limiter on its default clock, keyed by `String` in a

@@ -35,7 +35,7 @@ core() {
   valgrind --tool=callgrind --toggle-collect="overhead::core_loop_$1" --callgrind-out-file=/dev/null \
     "$bin" "core-${1//_/-}" "$2" 2>&1 | sed -n 's/.*Collected : \([0-9]*\).*/\1/p'
 }
-for subject in ours governor governor_state; do
+for subject in ours governor governor_state ours_unit record; do
   a=$(core "$subject" 100000); b=$(core "$subject" 200000)
   printf 'core check, %-8s %6d instructions\n' "$subject" $(( (b - a) / 100000 ))
 done
@@ -50,3 +50,8 @@ done
 a=$(count ours-concurrency "$n"); b=$(count ours-concurrency $((2 * n)))
 with=$(( (b - a) / n - ${per[none]} ))
 printf '%-16s %8d instructions added per request (%+d against ours)\n' ours-concurrency "$with" $(( with - ours ))
+# A tier with a unit (tokens): each request requires the unit's band and
+# charges its request band, against the same tier without the unit.
+a=$(count ours-unit "$n"); b=$(count ours-unit $((2 * n)))
+with=$(( (b - a) / n - ${per[none]} ))
+printf '%-16s %8d instructions added per request (%+d against ours)\n' ours-unit "$with" $(( with - ours ))

@@ -91,7 +91,7 @@ impl Charge {
             let unit = unit.to_owned();
             move |decided: Result<Decision, StorageError>| match decided {
                 Ok(decision) => {
-                    let units = forgiven(&tier, &unit, &decision);
+                    let units = tier.unit(&unit).map_or(0, |bands| forgiven(bands, &decision));
                     ledger
                         .refusals
                         .usage_recorded(&user, &tier.name, &unit, used, units);

@@ -101,6 +101,15 @@ impl Unit {
         std::str::from_utf8(&self.bytes[..usize::from(self.len)]).unwrap_or("")
     }
 
+    /// Whether this unit is named `name` (without checking the name).
+    #[inline]
+    pub fn is(&self, name: &str) -> bool {
+        if self.len == 0 {
+            return name == "requests";
+        }
+        &self.bytes[..usize::from(self.len)] == name.as_bytes()
+    }
+
     /// Whether this is [`Unit::REQUESTS`].
     pub const fn is_requests(&self) -> bool {
         self.len == 0
@@ -108,7 +117,7 @@ impl Unit {
 
     /// Whether this is [`CONTENT_BYTES`], which the layer counts.
     pub fn is_content_bytes(&self) -> bool {
-        self.as_str() == CONTENT_BYTES
+        self.is(CONTENT_BYTES)
     }
 
     /// A 32-bit id of the name (FNV-1a; 0 for requests, never 0 for a

@@ -229,7 +229,7 @@ pub enum DecisionSource {
 
 /// The states of every band after a decision, in the tier's band order.
 #[derive(Clone, Default, PartialEq, Eq)]
-pub struct BandStates(smallvec::SmallVec<[BandState; 1]>);
+pub struct BandStates(smallvec::SmallVec<[BandState; 2]>);
 
 impl BandStates {
     /// No states.
@@ -246,7 +246,9 @@ impl BandStates {
 impl From<BandState> for BandStates {
     /// The state of a one-band tier (inline: no allocation).
     fn from(state: BandState) -> Self {
-        BandStates(smallvec::SmallVec::from_buf([state]))
+        let mut states = smallvec::SmallVec::new();
+        states.push(state);
+        BandStates(states)
     }
 }
 

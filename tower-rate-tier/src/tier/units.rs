@@ -48,7 +48,7 @@ impl TierEntry {
 
     /// The unit named `unit` of this tier, if it has it.
     pub(crate) fn unit(&self, unit: &str) -> Option<&UnitBands> {
-        self.units.iter().find(|u| u.unit.as_str() == unit)
+        self.units.iter().find(|u| u.unit.is(unit))
     }
 
     /// The operation a request's admission asks of every band: `cost` in

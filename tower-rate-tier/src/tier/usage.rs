@@ -42,7 +42,7 @@ impl RateTier {
             return Ok(());
         };
         let decision = decide.await?;
-        let forgiven = forgiven(&entry, unit, &decision);
+        let forgiven = entry.unit(unit).map_or(0, |bands| forgiven(bands, &decision));
         if forgiven > 0 {
             tracing::warn!(target: "tower_rate_tier", tier, unit, forgiven, "usage beyond the unit's debt bound was forgiven");
         }
@@ -147,11 +147,9 @@ pub(crate) fn settlement(reserved: u32, used: u32) -> Amount {
     }
 }
 
-/// The units of `unit` a decision forgave (the most any of its bands did).
-pub(crate) fn forgiven(tier: &TierEntry, unit: &str, decision: &Decision) -> u32 {
-    let Some(bands) = tier.unit(unit) else {
-        return 0;
-    };
+/// The units of the unit of `bands` a decision forgave (the most any of
+/// its bands did).
+pub(crate) fn forgiven(bands: &UnitBands, decision: &Decision) -> u32 {
     decision
         .bands
         .get(bands.range())

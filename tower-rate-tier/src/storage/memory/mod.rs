@@ -286,6 +286,19 @@ fn store(names: &[BandName], tats: &[Option<Nanos>], now: Nanos) -> Tats {
         .collect()
 }
 
+/// Writes `tats` under `names` into `stored`: in place when it holds the
+/// same bands in the same order (no allocation), else anew.
+fn store_into(stored: &mut Tats, names: &[BandName], tats: &[Option<Nanos>], now: Nanos) {
+    let same = stored.len() == names.len() && stored.iter().zip(names).all(|((n, _), name)| n == name);
+    if !same {
+        *stored = store(names, tats, now);
+        return;
+    }
+    for ((_, kept), tat) in stored.iter_mut().zip(tats) {
+        *kept = tat.unwrap_or(now);
+    }
+}
+
 impl Inner {
     /// Carries out `op` for `user` in `scope`.
     #[inline]
@@ -426,9 +439,10 @@ impl Inner {
         {
             if let Some(mut stored) = scope.multi.get_mut(user) {
                 let now = clock.now();
-                let (decision, new) = apply(Some(&stored), now);
-                // every band fresh again (a refund): expired, for the GC
-                *stored = new.unwrap_or_else(|| store(names, &[None; MAX_BANDS][..n], now));
+                let mut tats = lookup(&stored, names);
+                let decision = super::decide_bands(&mut tats[..n], now, bands, op);
+                // a band fresh again (a refund) is kept expired, for the GC
+                store_into(&mut stored, names, &tats[..n], now);
                 return Ok(decision);
             }
             let now = clock.now();
