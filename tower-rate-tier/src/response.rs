@@ -4,7 +4,7 @@
 //!
 //! * `X-RateLimit-Limit` (the burst), `X-RateLimit-Remaining`,
 //!   `X-RateLimit-Reset` (the Unix time, in seconds rounded up, at which the
-//!   band is full again): the band closest to denying;
+//!   band is full again): the request band closest to denying;
 //! * `RateLimit-Policy` (`"free";q=10;w=60`) and `RateLimit`
 //!   (`"free";r=9;t=6`) from draft-ietf-httpapi-ratelimit-headers, one item
 //!   per band. `q` is the burst, `w` the seconds an emptied burst takes to
@@ -13,10 +13,21 @@
 //!   least 1, until the band admits more than now (a full band carries no
 //!   `t`). Items of a multi-band tier are named `"free.0"`, `"free.1"`, ...
 //!
+//! A tier's units ([`tier_unit`](crate::RateTierBuilder::tier_unit)) are
+//! items of their own after the request bands, named for the tier and the
+//! unit: `"free.tokens"`, or `"free.tokens.0"`, `"free.tokens.1"` for a
+//! unit of several bands. The draft's `qu` parameter only ever carries a
+//! unit the draft registers: `qu="content-bytes"` on the items of the
+//! `content-bytes` unit, `qu="concurrent-requests"` on a concurrency
+//! limit's item (`"free.concurrency"`); request bands carry none (the
+//! draft's default, `requests`), and any other unit is told by its item's
+//! name alone. A unit in debt has `r=0` and a `t` that counts the debt.
+//!
 //! On a 429, the `t` of each band that refused is the time until the same
 //! request would fit, so `Retry-After` (the longest of them) is never
 //! earlier than any refusing item's `t`; bands that did not refuse carry no
-//! `t`.
+//! `t`. A refusal by a unit (in debt, or a reservation that does not fit)
+//! reports that unit's band in the `X-RateLimit-*` fields.
 //!
 //! The layer adds these itself; the functions here serve your own
 //! [`on_limited`](crate::TierLimitLayer::on_limited) response or a front
@@ -43,21 +54,22 @@
 //! A 429 carries the same fields, `Retry-After` (whole seconds, rounded up,
 //! never 0) and an RFC 9457 `application/problem+json` body of the draft's
 //! type [`QUOTA_EXCEEDED`], whose `violated-policies` lists the names of the
-//! `RateLimit-Policy` items that refused, with `tier`, `retry_after`,
-//! `limit` and `remaining` members. Unlimited tiers get no rate-limit
-//! fields.
+//! `RateLimit-Policy` items that refused, with `tier`, `retry_after`, and
+//! the `unit`, `limit` and `remaining` of the band that refused longest.
+//! Unlimited tiers without units get no rate-limit fields.
 
 use bytes::Bytes;
 use http::header::RETRY_AFTER;
 use http::{HeaderMap, Response};
 use serde_json::json;
 
+use crate::headers::{CONCURRENT_REQUESTS, RateLimitHeaders, number};
 pub use crate::headers::{
     RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
 };
-use crate::headers::{RateLimitHeaders, number};
 pub use crate::problem::QUOTA_EXCEEDED;
 use crate::problem::quota_exceeded;
+use crate::quota::Quota;
 use crate::tier::{RateLimitInfo, RateLimited};
 
 fn insert_common(headers: &mut HeaderMap, info: Fields<'_>, which: RateLimitHeaders) {
@@ -147,11 +159,24 @@ pub(crate) fn apply_limited_fields(headers: &mut HeaderMap, limited: &RateLimite
 /// [`QUOTA_EXCEEDED`], whose
 /// `violated-policies` names the `RateLimit-Policy` items that refused
 /// ([`RateLimited::violated_policies`]), with the members `tier`,
-/// `retry_after` (seconds), `limit` and `remaining` of the band that
-/// refused longest.
+/// `retry_after` (seconds), and the `unit` (`requests`, a unit's name such
+/// as `tokens`, or `concurrent-requests`), `limit` and `remaining` of the
+/// band that refused longest.
 pub fn too_many_requests(limited: &RateLimited) -> Response<Bytes> {
     let retry = limited.retry_after_secs();
     let violated: Vec<&str> = limited.violated_policies().collect();
+    let reported = limited
+        .detail
+        .tier
+        .decided
+        .get(limited.detail.band)
+        .map(Quota::unit)
+        .unwrap_or_default();
+    let unit = if limited.is_concurrency_limited() {
+        CONCURRENT_REQUESTS
+    } else {
+        reported.as_str()
+    };
     let detail = if limited.is_concurrency_limited() {
         "too many requests of this client in flight; retry when one of them has ended"
     } else {
@@ -163,6 +188,7 @@ pub fn too_many_requests(limited: &RateLimited) -> Response<Bytes> {
             "violated-policies": violated,
             "tier": limited.tier(),
             "retry_after": retry,
+            "unit": unit,
             "limit": limited.limit,
             "remaining": limited.remaining,
         }),
