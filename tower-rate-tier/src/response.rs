@@ -29,6 +29,21 @@
 //! `t`. A refusal by a unit (in debt, or a reservation that does not fit)
 //! reports that unit's band in the `X-RateLimit-*` fields.
 //!
+//! [`RateLimitHeaders::OPENAI`](crate::RateLimitHeaders::OPENAI) adds the
+//! fields OpenAI's API sends, for clients written against it:
+//! `x-ratelimit-limit-requests`, `x-ratelimit-remaining-requests` and
+//! `x-ratelimit-reset-requests` for the request band closest to denying,
+//! and the same for each unit with the unit's name as suffix
+//! (`x-ratelimit-remaining-tokens`; for a unit of several bands, its band
+//! closest to denying). `limit` is the band's burst, `remaining` what it
+//! could admit now, and `reset` the time until the band is full again (as
+//! OpenAI's "time until the rate limit resets to its initial state"), in
+//! OpenAI's format, Go's `time.Duration`: `0s`, `20ms`, `1s`, `1.5s`,
+//! `6m0s`, `1h2m3.004s`, rounded up to the millisecond. On a 429 they
+//! describe the state that refused: in each group the band that refused
+//! longest, if one did. A refusal by the concurrency limit decides no band
+//! and has none of them.
+//!
 //! The layer adds these itself; the functions here serve your own
 //! [`on_limited`](crate::TierLimitLayer::on_limited) response or a front
 //! that is not HTTP middleware:
@@ -36,9 +51,13 @@
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
-//! use tower_rate_tier::{Quota, RateTier, clock::FakeClock, response};
+//! use tower_rate_tier::{Quota, RateLimitHeaders, RateTier, clock::FakeClock, response};
 //!
-//! let tiers = RateTier::builder().tier("free", Quota::per_minute(1)).clock(FakeClock::new()).build();
+//! let tiers = RateTier::builder()
+//!     .tier("free", Quota::per_minute(1))
+//!     .tier_unit("free", "tokens", Quota::per_minute(1_000))
+//!     .clock(FakeClock::new())
+//!     .build();
 //! tiers.check("ada", "free", 1).await.unwrap().unwrap();
 //! let limited = tiers.check("ada", "free", 1).await.unwrap().unwrap_err();
 //!
@@ -46,8 +65,19 @@
 //! response::apply_limited_headers(refusal.headers_mut(), &limited);
 //! assert_eq!(refusal.status(), 429);
 //! assert_eq!(refusal.headers()["retry-after"], "60");
-//! assert_eq!(refusal.headers()["ratelimit-policy"], r#""free";q=1;w=60"#);
-//! assert_eq!(refusal.headers()["ratelimit"], r#""free";r=0;t=60"#);
+//! assert_eq!(
+//!     refusal.headers()["ratelimit-policy"],
+//!     r#""free";q=1;w=60, "free.tokens";q=1000;w=60"#
+//! );
+//! assert_eq!(refusal.headers()["ratelimit"], r#""free";r=0;t=60, "free.tokens";r=1000"#);
+//!
+//! // OpenAI-style fields, for a front of your own
+//! let mut headers = http::HeaderMap::new();
+//! response::apply_limited_fields(&mut headers, &limited, RateLimitHeaders::OPENAI);
+//! assert_eq!(headers["x-ratelimit-remaining-requests"], "0");
+//! assert_eq!(headers["x-ratelimit-reset-requests"], "1m0s");
+//! assert_eq!(headers["x-ratelimit-limit-tokens"], "1000");
+//! assert_eq!(headers["x-ratelimit-reset-tokens"], "0s");
 //! # }
 //! ```
 //!
@@ -65,7 +95,8 @@ use serde_json::json;
 
 use crate::headers::{CONCURRENT_REQUESTS, RateLimitHeaders, number};
 pub use crate::headers::{
-    RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
+    RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_LIMIT_REQUESTS, X_RATELIMIT_REMAINING,
+    X_RATELIMIT_REMAINING_REQUESTS, X_RATELIMIT_RESET, X_RATELIMIT_RESET_REQUESTS,
 };
 pub use crate::problem::QUOTA_EXCEEDED;
 use crate::problem::quota_exceeded;
@@ -75,7 +106,7 @@ use crate::tier::{RateLimitInfo, RateLimited};
 fn insert_common(headers: &mut HeaderMap, info: Fields<'_>, which: RateLimitHeaders) {
     let tier = &info.detail.tier.headers;
     // One growth of the map at most, rather than one per field.
-    headers.reserve(5);
+    headers.reserve(if which.openai() { 5 + tier.openai.len() } else { 5 });
     let slots = info.detail.slots;
     let by_slots = slots.is_some_and(|s| s.refused);
     // an unlimited tier reports a refusal (by its concurrency limit or a
@@ -92,18 +123,21 @@ fn insert_common(headers: &mut HeaderMap, info: Fields<'_>, which: RateLimitHead
         headers.insert(X_RATELIMIT_REMAINING, number(u64::from(info.remaining)));
         headers.insert(X_RATELIMIT_RESET, number(info.reset_at));
     }
+    let bands: &[crate::storage::BandState] = if info.detail.tier.counts_nothing() {
+        &[]
+    } else {
+        &info.detail.bands
+    };
     if which.ietf() {
         if let Some(policy) = &tier.policy {
             headers.insert(RATELIMIT_POLICY, policy.clone());
         }
-        let bands: &[crate::storage::BandState] = if info.detail.tier.counts_nothing() {
-            &[]
-        } else {
-            &info.detail.bands
-        };
         if let Some(value) = tier.ratelimit(bands, info.allowed, slots.map(|s| s.free())) {
             headers.insert(RATELIMIT, value);
         }
+    }
+    if which.openai() {
+        tier.openai.insert(headers, &tier.limits, bands);
     }
 }
 
@@ -126,8 +160,10 @@ pub fn apply_limited_headers(headers: &mut HeaderMap, limited: &RateLimited) {
     headers.insert(RETRY_AFTER, number(limited.retry_after_secs()));
 }
 
-/// [`apply_info_headers`] with the chosen fields.
-pub(crate) fn apply_info_fields(headers: &mut HeaderMap, info: &RateLimitInfo, which: RateLimitHeaders) {
+/// The chosen fields of an admitted request (none for an unlimited tier
+/// without units): [`apply_info_headers`] is this with
+/// [`RateLimitHeaders::ALL`].
+pub fn apply_info_fields(headers: &mut HeaderMap, info: &RateLimitInfo, which: RateLimitHeaders) {
     if (info.detail.tier.counts_nothing() && info.slots().is_none()) || which == RateLimitHeaders::NONE {
         return;
     }
@@ -140,8 +176,9 @@ pub(crate) fn apply_info_fields(headers: &mut HeaderMap, info: &RateLimitInfo, w
     insert_common(headers, fields, which);
 }
 
-/// The chosen fields of a denied request's state, without `Retry-After`.
-pub(crate) fn apply_limited_fields(headers: &mut HeaderMap, limited: &RateLimited, which: RateLimitHeaders) {
+/// The chosen fields of a denied request's state, without `Retry-After`
+/// ([`apply_limited_headers`] adds it to [`RateLimitHeaders::ALL`]).
+pub fn apply_limited_fields(headers: &mut HeaderMap, limited: &RateLimited, which: RateLimitHeaders) {
     if which == RateLimitHeaders::NONE {
         return;
     }
