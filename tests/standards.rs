@@ -255,3 +255,204 @@ async fn t_comes_from_the_quota_that_decided() {
     assert_eq!(limited.ratelimit_t_secs().collect::<Vec<_>>(), [Some(12)]);
     assert_eq!(limited.retry_after_secs(), 12);
 }
+
+// ------------------------------------------------------------- units
+
+/// The quota units draft-ietf-httpapi-ratelimit-headers registers (its
+/// text names `requests`, its registry table `request`).
+const REGISTERED_UNITS: [&str; 4] = ["request", "requests", "content-bytes", "concurrent-requests"];
+
+/// A field's items with every parameter as `sfv` decodes it; panics when
+/// the field is not a List of String Items.
+fn raw_items(value: &str) -> Vec<(String, sfv::Parameters)> {
+    let list: sfv::List = sfv::Parser::new(value)
+        .parse()
+        .unwrap_or_else(|e| panic!("{value:?}: {e}"));
+    list.into_iter()
+        .map(|entry| {
+            let sfv::ListEntry::Item(item) = entry else {
+                panic!("an inner list in {value:?}")
+            };
+            let name = item
+                .bare_item
+                .as_string()
+                .expect("a String item")
+                .as_str()
+                .to_owned();
+            (name, item.params)
+        })
+        .collect()
+}
+
+fn param<'a>(params: &'a sfv::Parameters, key: &str) -> Option<&'a sfv::BareItem> {
+    params.iter().find(|(k, _)| k.as_str() == key).map(|(_, v)| v)
+}
+
+/// Requests, tokens in two bands, content bytes and a concurrency limit.
+fn metered(clock: &FakeClock) -> (RateTier, Router) {
+    let tiers = RateTier::builder()
+        .tier("free", Quota::per_minute(5))
+        .tier_unit(
+            "free",
+            "tokens",
+            [Quota::per_minute(1_000), Quota::per_day(10_000)],
+        )
+        .tier_unit("free", "content-bytes", Quota::per_hour(1_000_000))
+        .tier_concurrency("free", 2)
+        .clock(clock.clone())
+        .build();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(TierLimitLayer::new(tiers.clone()).identifier_fn(header_identity));
+    (tiers, app)
+}
+
+/// Checks both IETF fields of `r` against the draft, and returns the
+/// `RateLimit` items' names with their `t`.
+fn unit_fields(r: &Reply) -> Vec<(String, Option<i64>)> {
+    let policy = raw_items(r.header("ratelimit-policy").expect("RateLimit-Policy"));
+    let names: Vec<&str> = policy.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "free",
+            "free.tokens.0",
+            "free.tokens.1",
+            "free.content-bytes",
+            "free.concurrency"
+        ]
+    );
+    for (name, params) in &policy {
+        let q = param(params, "q").and_then(sfv::BareItem::as_integer);
+        assert!(q.is_some_and(|q| i64::from(q) >= 0), "{name}: q {params:?}");
+        if let Some(w) = param(params, "w") {
+            assert!(
+                w.as_integer().is_some_and(|w| i64::from(w) > 0),
+                "{name}: w {params:?}"
+            );
+        }
+        // `qu` only for a unit the draft registers, and only where it
+        // applies; every other unit is told by the item's name alone
+        let qu = param(params, "qu").map(|v| v.as_string().expect("qu is a String").as_str());
+        if let Some(qu) = qu {
+            assert!(REGISTERED_UNITS.contains(&qu), "{name}: unregistered qu {qu:?}");
+        }
+        let expected = match name.as_str() {
+            "free.content-bytes" => Some("content-bytes"),
+            "free.concurrency" => Some("concurrent-requests"),
+            _ => None,
+        };
+        assert_eq!(qu, expected, "{name}");
+        for key in params.iter().map(|(k, _)| k.as_str()) {
+            assert!(["q", "qu", "w"].contains(&key), "{name}: parameter {key}");
+        }
+    }
+    let state = raw_items(r.header("ratelimit").expect("RateLimit"));
+    assert_eq!(state.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), names);
+    state
+        .into_iter()
+        .map(|(name, params)| {
+            for key in params.iter().map(|(k, _)| k.as_str()) {
+                assert!(["r", "t"].contains(&key), "{name}: parameter {key} in RateLimit");
+            }
+            let r = param(&params, "r").and_then(sfv::BareItem::as_integer);
+            assert!(r.is_some_and(|r| i64::from(r) >= 0), "{name}: r {params:?}");
+            let t = param(&params, "t").map(|t| i64::from(t.as_integer().expect("an Integer t")));
+            (name, t)
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn unit_items_parse_are_unique_and_carry_only_registered_units() {
+    let clock = FakeClock::new();
+    let (_, app) = metered(&clock);
+    let r = hit(&app, "ada", "free").await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(
+        r.header("ratelimit-policy"),
+        Some(concat!(
+            r#""free";q=5;w=60, "free.tokens.0";q=1000;w=60, "free.tokens.1";q=10000;w=86400, "#,
+            r#""free.content-bytes";q=1000000;w=3600;qu="content-bytes", "#,
+            r#""free.concurrency";q=2;qu="concurrent-requests""#
+        ))
+    );
+    // the units' bands are full: no t
+    let t: Vec<Option<i64>> = unit_fields(&r).into_iter().map(|(_, t)| t).collect();
+    assert_eq!(t, [Some(12), None, None, None, None]);
+}
+
+#[tokio::test]
+async fn a_refusal_by_a_unit_names_its_item() {
+    let clock = FakeClock::new();
+    let (tiers, app) = metered(&clock);
+    // 1,500 tokens: 500 of debt in the minute band, room in the daily one
+    tiers.record("ada", "free", "tokens", 1_500).await.unwrap();
+    let r = hit(&app, "ada", "free").await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    // 501 tokens of 60 ms each: 30.06 s
+    assert_eq!(retry_after(&r), 31);
+    assert_eq!(
+        unit_fields(&r),
+        [
+            ("free".to_owned(), None),
+            ("free.tokens.0".to_owned(), Some(31)),
+            ("free.tokens.1".to_owned(), None),
+            ("free.content-bytes".to_owned(), None),
+            ("free.concurrency".to_owned(), None),
+        ]
+    );
+    assert!(
+        r.header("ratelimit")
+            .unwrap()
+            .contains(r#""free.tokens.0";r=0;t=31"#)
+    );
+    let body = r.json();
+    assert_eq!(body["type"], QUOTA_EXCEEDED);
+    assert_eq!(body["violated-policies"], serde_json::json!(["free.tokens.0"]));
+    assert_eq!(body["unit"], "tokens");
+    assert_eq!(
+        (body["limit"].as_u64(), body["remaining"].as_u64()),
+        (Some(1_000), Some(0))
+    );
+    assert_eq!(r.header("x-ratelimit-limit"), Some("1000"));
+    assert_eq!(r.remaining(), Some(0));
+
+    // both token bands in debt: both named
+    tiers.record("bob", "free", "tokens", u32::MAX).await.unwrap();
+    let r = hit(&app, "bob", "free").await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        r.json()["violated-policies"],
+        serde_json::json!(["free.tokens.0", "free.tokens.1"])
+    );
+    let t = unit_fields(&r);
+    assert!(t[1].1.is_some() && t[2].1.is_some(), "{t:?}");
+    assert_eq!(
+        retry_after(&r),
+        t[2].1.unwrap() as u64,
+        "the daily band refuses longest"
+    );
+
+    // content bytes: the registered unit's item
+    tiers
+        .record("cy", "free", "content-bytes", 2 << 20)
+        .await
+        .unwrap();
+    let r = hit(&app, "cy", "free").await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        r.json()["violated-policies"],
+        serde_json::json!(["free.content-bytes"])
+    );
+    assert_eq!(r.json()["unit"], "content-bytes");
+    unit_fields(&r);
+
+    // a request band's refusal says so
+    for _ in 0..5 {
+        assert_eq!(hit(&app, "dee", "free").await.status, StatusCode::OK);
+    }
+    let r = hit(&app, "dee", "free").await;
+    assert_eq!(r.json()["violated-policies"], serde_json::json!(["free"]));
+    assert_eq!(r.json()["unit"], "requests");
+}

@@ -4,7 +4,7 @@
 //!
 //! * `X-RateLimit-Limit` (the burst), `X-RateLimit-Remaining`,
 //!   `X-RateLimit-Reset` (the Unix time, in seconds rounded up, at which the
-//!   band is full again): the band closest to denying;
+//!   band is full again): the request band closest to denying;
 //! * `RateLimit-Policy` (`"free";q=10;w=60`) and `RateLimit`
 //!   (`"free";r=9;t=6`) from draft-ietf-httpapi-ratelimit-headers, one item
 //!   per band. `q` is the burst, `w` the seconds an emptied burst takes to
@@ -13,10 +13,36 @@
 //!   least 1, until the band admits more than now (a full band carries no
 //!   `t`). Items of a multi-band tier are named `"free.0"`, `"free.1"`, ...
 //!
+//! A tier's units ([`tier_unit`](crate::RateTierBuilder::tier_unit)) are
+//! items of their own after the request bands, named for the tier and the
+//! unit: `"free.tokens"`, or `"free.tokens.0"`, `"free.tokens.1"` for a
+//! unit of several bands. The draft's `qu` parameter only ever carries a
+//! unit the draft registers: `qu="content-bytes"` on the items of the
+//! `content-bytes` unit, `qu="concurrent-requests"` on a concurrency
+//! limit's item (`"free.concurrency"`); request bands carry none (the
+//! draft's default, `requests`), and any other unit is told by its item's
+//! name alone. A unit in debt has `r=0` and a `t` that counts the debt.
+//!
 //! On a 429, the `t` of each band that refused is the time until the same
 //! request would fit, so `Retry-After` (the longest of them) is never
 //! earlier than any refusing item's `t`; bands that did not refuse carry no
-//! `t`.
+//! `t`. A refusal by a unit (in debt, or a reservation that does not fit)
+//! reports that unit's band in the `X-RateLimit-*` fields.
+//!
+//! [`RateLimitHeaders::OPENAI`](crate::RateLimitHeaders::OPENAI) adds the
+//! fields OpenAI's API sends, for clients written against it:
+//! `x-ratelimit-limit-requests`, `x-ratelimit-remaining-requests` and
+//! `x-ratelimit-reset-requests` for the request band closest to denying,
+//! and the same for each unit with the unit's name as suffix
+//! (`x-ratelimit-remaining-tokens`; for a unit of several bands, its band
+//! closest to denying). `limit` is the band's burst, `remaining` what it
+//! could admit now, and `reset` the time until the band is full again (as
+//! OpenAI's "time until the rate limit resets to its initial state"), in
+//! OpenAI's format, Go's `time.Duration`: `0s`, `20ms`, `1s`, `1.5s`,
+//! `6m0s`, `1h2m3.004s`, rounded up to the millisecond. On a 429 they
+//! describe the state that refused: in each group the band that refused
+//! longest, if one did. A refusal by the concurrency limit decides no band
+//! and has none of them.
 //!
 //! The layer adds these itself; the functions here serve your own
 //! [`on_limited`](crate::TierLimitLayer::on_limited) response or a front
@@ -25,9 +51,13 @@
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
-//! use tower_rate_tier::{Quota, RateTier, clock::FakeClock, response};
+//! use tower_rate_tier::{Quota, RateLimitHeaders, RateTier, clock::FakeClock, response};
 //!
-//! let tiers = RateTier::builder().tier("free", Quota::per_minute(1)).clock(FakeClock::new()).build();
+//! let tiers = RateTier::builder()
+//!     .tier("free", Quota::per_minute(1))
+//!     .tier_unit("free", "tokens", Quota::per_minute(1_000))
+//!     .clock(FakeClock::new())
+//!     .build();
 //! tiers.check("ada", "free", 1).await.unwrap().unwrap();
 //! let limited = tiers.check("ada", "free", 1).await.unwrap().unwrap_err();
 //!
@@ -35,35 +65,48 @@
 //! response::apply_limited_headers(refusal.headers_mut(), &limited);
 //! assert_eq!(refusal.status(), 429);
 //! assert_eq!(refusal.headers()["retry-after"], "60");
-//! assert_eq!(refusal.headers()["ratelimit-policy"], r#""free";q=1;w=60"#);
-//! assert_eq!(refusal.headers()["ratelimit"], r#""free";r=0;t=60"#);
+//! assert_eq!(
+//!     refusal.headers()["ratelimit-policy"],
+//!     r#""free";q=1;w=60, "free.tokens";q=1000;w=60"#
+//! );
+//! assert_eq!(refusal.headers()["ratelimit"], r#""free";r=0;t=60, "free.tokens";r=1000"#);
+//!
+//! // OpenAI-style fields, for a front of your own
+//! let mut headers = http::HeaderMap::new();
+//! response::apply_limited_fields(&mut headers, &limited, RateLimitHeaders::OPENAI);
+//! assert_eq!(headers["x-ratelimit-remaining-requests"], "0");
+//! assert_eq!(headers["x-ratelimit-reset-requests"], "1m0s");
+//! assert_eq!(headers["x-ratelimit-limit-tokens"], "1000");
+//! assert_eq!(headers["x-ratelimit-reset-tokens"], "0s");
 //! # }
 //! ```
 //!
 //! A 429 carries the same fields, `Retry-After` (whole seconds, rounded up,
 //! never 0) and an RFC 9457 `application/problem+json` body of the draft's
 //! type [`QUOTA_EXCEEDED`], whose `violated-policies` lists the names of the
-//! `RateLimit-Policy` items that refused, with `tier`, `retry_after`,
-//! `limit` and `remaining` members. Unlimited tiers get no rate-limit
-//! fields.
+//! `RateLimit-Policy` items that refused, with `tier`, `retry_after`, and
+//! the `unit`, `limit` and `remaining` of the band that refused longest.
+//! Unlimited tiers without units get no rate-limit fields.
 
 use bytes::Bytes;
 use http::header::RETRY_AFTER;
 use http::{HeaderMap, Response};
 use serde_json::json;
 
+use crate::headers::{CONCURRENT_REQUESTS, RateLimitHeaders, number};
 pub use crate::headers::{
-    RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
+    RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_LIMIT_REQUESTS, X_RATELIMIT_REMAINING,
+    X_RATELIMIT_REMAINING_REQUESTS, X_RATELIMIT_RESET, X_RATELIMIT_RESET_REQUESTS,
 };
-use crate::headers::{RateLimitHeaders, number};
 pub use crate::problem::QUOTA_EXCEEDED;
 use crate::problem::quota_exceeded;
+use crate::quota::Quota;
 use crate::tier::{RateLimitInfo, RateLimited};
 
 fn insert_common(headers: &mut HeaderMap, info: Fields<'_>, which: RateLimitHeaders) {
     let tier = &info.detail.tier.headers;
     // One growth of the map at most, rather than one per field.
-    headers.reserve(5);
+    headers.reserve(if which.openai() { 5 + tier.openai.len() } else { 5 });
     let slots = info.detail.slots;
     let by_slots = slots.is_some_and(|s| s.refused);
     // an unlimited tier reports a refusal (by its concurrency limit or a
@@ -80,18 +123,21 @@ fn insert_common(headers: &mut HeaderMap, info: Fields<'_>, which: RateLimitHead
         headers.insert(X_RATELIMIT_REMAINING, number(u64::from(info.remaining)));
         headers.insert(X_RATELIMIT_RESET, number(info.reset_at));
     }
+    let bands: &[crate::storage::BandState] = if info.detail.tier.counts_nothing() {
+        &[]
+    } else {
+        &info.detail.bands
+    };
     if which.ietf() {
         if let Some(policy) = &tier.policy {
             headers.insert(RATELIMIT_POLICY, policy.clone());
         }
-        let bands: &[crate::storage::BandState] = if info.detail.tier.counts_nothing() {
-            &[]
-        } else {
-            &info.detail.bands
-        };
         if let Some(value) = tier.ratelimit(bands, info.allowed, slots.map(|s| s.free())) {
             headers.insert(RATELIMIT, value);
         }
+    }
+    if which.openai() {
+        tier.openai.insert(headers, &tier.limits, bands);
     }
 }
 
@@ -114,8 +160,10 @@ pub fn apply_limited_headers(headers: &mut HeaderMap, limited: &RateLimited) {
     headers.insert(RETRY_AFTER, number(limited.retry_after_secs()));
 }
 
-/// [`apply_info_headers`] with the chosen fields.
-pub(crate) fn apply_info_fields(headers: &mut HeaderMap, info: &RateLimitInfo, which: RateLimitHeaders) {
+/// The chosen fields of an admitted request (none for an unlimited tier
+/// without units): [`apply_info_headers`] is this with
+/// [`RateLimitHeaders::ALL`].
+pub fn apply_info_fields(headers: &mut HeaderMap, info: &RateLimitInfo, which: RateLimitHeaders) {
     if (info.detail.tier.counts_nothing() && info.slots().is_none()) || which == RateLimitHeaders::NONE {
         return;
     }
@@ -128,8 +176,9 @@ pub(crate) fn apply_info_fields(headers: &mut HeaderMap, info: &RateLimitInfo, w
     insert_common(headers, fields, which);
 }
 
-/// The chosen fields of a denied request's state, without `Retry-After`.
-pub(crate) fn apply_limited_fields(headers: &mut HeaderMap, limited: &RateLimited, which: RateLimitHeaders) {
+/// The chosen fields of a denied request's state, without `Retry-After`
+/// ([`apply_limited_headers`] adds it to [`RateLimitHeaders::ALL`]).
+pub fn apply_limited_fields(headers: &mut HeaderMap, limited: &RateLimited, which: RateLimitHeaders) {
     if which == RateLimitHeaders::NONE {
         return;
     }
@@ -147,11 +196,24 @@ pub(crate) fn apply_limited_fields(headers: &mut HeaderMap, limited: &RateLimite
 /// [`QUOTA_EXCEEDED`], whose
 /// `violated-policies` names the `RateLimit-Policy` items that refused
 /// ([`RateLimited::violated_policies`]), with the members `tier`,
-/// `retry_after` (seconds), `limit` and `remaining` of the band that
-/// refused longest.
+/// `retry_after` (seconds), and the `unit` (`requests`, a unit's name such
+/// as `tokens`, or `concurrent-requests`), `limit` and `remaining` of the
+/// band that refused longest.
 pub fn too_many_requests(limited: &RateLimited) -> Response<Bytes> {
     let retry = limited.retry_after_secs();
     let violated: Vec<&str> = limited.violated_policies().collect();
+    let reported = limited
+        .detail
+        .tier
+        .decided
+        .get(limited.detail.band)
+        .map(Quota::unit)
+        .unwrap_or_default();
+    let unit = if limited.is_concurrency_limited() {
+        CONCURRENT_REQUESTS
+    } else {
+        reported.as_str()
+    };
     let detail = if limited.is_concurrency_limited() {
         "too many requests of this client in flight; retry when one of them has ended"
     } else {
@@ -163,6 +225,7 @@ pub fn too_many_requests(limited: &RateLimited) -> Response<Bytes> {
             "violated-policies": violated,
             "tier": limited.tier(),
             "retry_after": retry,
+            "unit": unit,
             "limit": limited.limit,
             "remaining": limited.remaining,
         }),

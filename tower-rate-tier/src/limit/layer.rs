@@ -189,8 +189,20 @@ impl TierLimitLayer {
     }
 
     /// Which rate-limit fields responses carry (default
-    /// [`RateLimitHeaders::ALL`]). A 429 always carries `Retry-After` and
-    /// its body; its rate-limit fields follow this choice too.
+    /// [`RateLimitHeaders::ALL`]: the `X-RateLimit-*` fields and the IETF
+    /// draft's `RateLimit-Policy` and `RateLimit`). A 429 always carries
+    /// `Retry-After` and its body; its rate-limit fields follow this choice
+    /// too. For clients written against OpenAI's API, add
+    /// [`RateLimitHeaders::OPENAI`] (`x-ratelimit-remaining-requests`,
+    /// `x-ratelimit-reset-tokens: 6m0s`, ...; see the
+    /// [`response`](crate::response) module):
+    ///
+    /// ```
+    /// # use tower_rate_tier::{Quota, RateLimitHeaders, RateTier, TierLimitLayer};
+    /// # let tiers = RateTier::builder().tier("free", Quota::per_minute(10)).build();
+    /// let layer = TierLimitLayer::new(tiers).headers(RateLimitHeaders::ALL.union(RateLimitHeaders::OPENAI));
+    /// # let _ = layer;
+    /// ```
     pub fn headers(mut self, which: RateLimitHeaders) -> Self {
         Arc::make_mut(&mut self.configure().ledger).headers = which;
         self.refusals().headers = which;

@@ -1,12 +1,18 @@
 //! The values of the rate-limit header fields.
 //!
 //! What depends only on a tier (its `RateLimit-Policy`, each band's
-//! `X-RateLimit-Limit`, the item names of `RateLimit`) is rendered once when
-//! the tier is built ([`TierHeaders`]); the numbers that change with every
-//! decision are written with `itoa` into a stack buffer.
+//! `X-RateLimit-Limit`, the item names of `RateLimit`, the names of its
+//! OpenAI-style fields) is rendered once when the tier is built
+//! ([`TierHeaders`]); the numbers that change with every decision are
+//! written with `itoa` into a stack buffer.
+
+mod openai;
 
 use http::header::{HeaderName, HeaderValue};
 
+pub use self::openai::{
+    X_RATELIMIT_LIMIT_REQUESTS, X_RATELIMIT_REMAINING_REQUESTS, X_RATELIMIT_RESET_REQUESTS,
+};
 use crate::quota::Quota;
 use crate::storage::BandState;
 
@@ -24,34 +30,75 @@ pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 /// Which rate-limit fields responses carry: see
 /// `TierLimitLayer::headers`. A 429 always carries `Retry-After` and its
 /// body, whatever the choice.
+///
+/// Sets combine with [`union`](Self::union):
+///
+/// ```
+/// use tower_rate_tier::RateLimitHeaders;
+///
+/// const FIELDS: RateLimitHeaders = RateLimitHeaders::ALL.union(RateLimitHeaders::OPENAI);
+/// assert!(FIELDS.legacy() && FIELDS.ietf() && FIELDS.openai());
+/// assert!(!RateLimitHeaders::ALL.openai());
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RateLimitHeaders {
     legacy: bool,
     ietf: bool,
+    openai: bool,
 }
 
 impl RateLimitHeaders {
     /// `X-RateLimit-Limit`, `-Remaining`, `-Reset` and the IETF
-    /// `RateLimit-Policy` and `RateLimit` (the default).
+    /// `RateLimit-Policy` and `RateLimit` (the default). The OpenAI-style
+    /// fields are not among them: add them with
+    /// `ALL.union(RateLimitHeaders::OPENAI)`.
     pub const ALL: RateLimitHeaders = RateLimitHeaders {
         legacy: true,
         ietf: true,
+        openai: false,
     };
     /// The IETF `RateLimit-Policy` and `RateLimit` only.
     pub const IETF: RateLimitHeaders = RateLimitHeaders {
         legacy: false,
         ietf: true,
+        openai: false,
     };
     /// `X-RateLimit-Limit`, `-Remaining` and `-Reset` only.
     pub const LEGACY: RateLimitHeaders = RateLimitHeaders {
         legacy: true,
         ietf: false,
+        openai: false,
+    };
+    /// OpenAI-style fields only, for clients written against OpenAI's API:
+    /// `x-ratelimit-limit-requests`, `x-ratelimit-remaining-requests` and
+    /// `x-ratelimit-reset-requests` for the request bands, and the same
+    /// for each unit with the unit's name as suffix
+    /// (`x-ratelimit-remaining-tokens`). The reset is the time until the
+    /// band is full again, as a duration in OpenAI's format (`1s`, `6m0s`,
+    /// `20ms`), rounded up to the millisecond. Each group reports one band:
+    /// the one that refused longest, or else the one closest to denying.
+    /// See the [`response`](crate::response) module.
+    pub const OPENAI: RateLimitHeaders = RateLimitHeaders {
+        legacy: false,
+        ietf: false,
+        openai: true,
     };
     /// No rate-limit fields.
     pub const NONE: RateLimitHeaders = RateLimitHeaders {
         legacy: false,
         ietf: false,
+        openai: false,
     };
+
+    /// The fields of both `self` and `other`.
+    #[must_use]
+    pub const fn union(self, other: RateLimitHeaders) -> RateLimitHeaders {
+        RateLimitHeaders {
+            legacy: self.legacy || other.legacy,
+            ietf: self.ietf || other.ietf,
+            openai: self.openai || other.openai,
+        }
+    }
 
     /// Whether the `X-RateLimit-*` fields are sent.
     pub const fn legacy(self) -> bool {
@@ -61,6 +108,12 @@ impl RateLimitHeaders {
     /// Whether the IETF `RateLimit-Policy` and `RateLimit` fields are sent.
     pub const fn ietf(self) -> bool {
         self.ietf
+    }
+
+    /// Whether the OpenAI-style `x-ratelimit-*-requests` and
+    /// `x-ratelimit-*-<unit>` fields are sent.
+    pub const fn openai(self) -> bool {
+        self.openai
     }
 }
 
@@ -86,6 +139,9 @@ pub(crate) struct TierHeaders {
     pub(crate) names: Box<[Box<str>]>,
     /// The concurrency limit's item, when the tier has one.
     pub(crate) slots: Option<SlotItem>,
+    /// The names of the OpenAI-style fields of the request bands and of
+    /// each unit.
+    pub(crate) openai: openai::OpenAiFields,
 }
 
 /// The `RateLimit-Policy` item of a tier's concurrency limit
@@ -180,6 +236,7 @@ impl TierHeaders {
             items,
             names,
             slots,
+            openai: openai::OpenAiFields::new(bands),
         }
     }
 
