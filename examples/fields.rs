@@ -98,6 +98,28 @@ pub fn check(status: u16, headers: &HeaderMap, body: &[u8]) -> Result<(), String
     Ok(())
 }
 
+/// The parameters of the item `name` of the field `field_name`
+/// (`ratelimit-policy` or `ratelimit`) as `sfv` parsed them, written
+/// `r=985;t=1` (Integers as numbers, Strings quoted, other values `?`);
+/// `None` when the field is absent, is not a List of String Items, or does
+/// not name the item.
+pub fn item(headers: &HeaderMap, field_name: &str, name: &str) -> Option<String> {
+    let items = field(headers, field_name).ok()??;
+    let (_, params) = items.into_iter().find(|(item, _)| item == name)?;
+    let written: Vec<String> = params
+        .iter()
+        .map(|(key, value)| {
+            let value = match (value.as_integer(), value.as_string()) {
+                (Some(n), _) => i64::from(n).to_string(),
+                (_, Some(s)) => format!("{:?}", s.as_str()),
+                _ => "?".into(),
+            };
+            format!("{}={value}", key.as_str())
+        })
+        .collect();
+    Some(written.join(";"))
+}
+
 /// Whether `name` is not an item of a `RateLimit-Policy` that is present.
 fn unknown(policy: &Option<Items>, name: &str) -> bool {
     policy
@@ -195,6 +217,24 @@ mod tests {
         ] {
             assert!(check(429, &headers(bad), b"").is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn an_item_is_read_as_the_parser_decodes_it() {
+        let map = headers(&[
+            (
+                "ratelimit-policy",
+                r#""free";q=20;w=60, "free.bytes";q=100;qu="content-bytes""#,
+            ),
+            ("ratelimit", r#""free";r=19;t=3"#),
+        ]);
+        assert_eq!(item(&map, "ratelimit", "free").as_deref(), Some("r=19;t=3"));
+        assert_eq!(
+            item(&map, "ratelimit-policy", "free.bytes").as_deref(),
+            Some(r#"q=100;qu="content-bytes""#)
+        );
+        assert_eq!(item(&map, "ratelimit", "free.bytes"), None);
+        assert_eq!(item(&map, "retry-after", "free"), None);
     }
 
     #[test]
