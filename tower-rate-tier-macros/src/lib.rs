@@ -89,8 +89,9 @@ mod tier_cost;
 ///   `count` with `period_secs`, and `burst` (one band only), with the same
 ///   rules as the tier's; it needs at least one band.
 /// - The name is a string literal of 1 to 24 bytes: lowercase ASCII
-///   letters, digits, `-` and `_`, starting with a letter. `requests` and
-///   `concurrent-requests` are reserved; a unit appears once per variant.
+///   letters, digits, `-` and `_`, starting with a letter. `requests`,
+///   `concurrent-requests` and `concurrency` are reserved; a unit appears
+///   once per variant.
 /// - `unlimited`, `concurrent`, `name`, `default` and `shadow` belong to
 ///   the tier's attribute, which a variant still needs (an `unlimited` tier
 ///   may limit its units).

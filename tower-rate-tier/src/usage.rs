@@ -1,49 +1,48 @@
-//! [`TierUsage`]: a request's usage of its tier's units (tokens, points,
-//! any unit of [`RateTierBuilder::tier_unit`](crate::RateTierBuilder::tier_unit)),
-//! charged when the handler knows it.
-//!
-//! A request behind the layer is admitted when its request bands admit it
-//! and none of its units is exhausted. The handler then tells the limiter
-//! what the request used:
-//!
-//! * [`reserve`](TierUsage::reserve) takes an estimate up front, and
-//!   refuses with a [`TierRefusal`] (the 429 the layer gives, with the
-//!   unit's fields) when it does not fit. A refused reservation gives the
-//!   request's own charge back: the response carries the limiter's refusal
-//!   mark, so a refused request consumes nothing.
-//! * [`record`](TierUsage::record) settles what was used: it gives back the
-//!   unused part of the reservation, or charges what exceeds it even beyond
-//!   what is left, putting the unit in debt of at most one burst of its
-//!   smallest band (the tier's next requests are refused until it is
-//!   repaid at the unit's rate). Usage beyond that bound is forgiven and
-//!   reported ([`RateLimitEvent::UsageForgiven`](crate::RateLimitEvent::UsageForgiven)
-//!   and a warning). It never waits: a storage that must (Redis) is
-//!   answered in a task of its own, and a write that fails is logged and
-//!   reported ([`RateLimitEvent::UsageLost`](crate::RateLimitEvent::UsageLost));
-//!   under a [`Fallback`](crate::storage::Fallback) the local limiter
-//!   takes it instead.
-//! * A reservation never recorded (the handler failed, the client went
-//!   away, the stream was dropped) stays charged: the work it stood for
-//!   may have been done. Record the real usage on every path that knows it.
-//! * A unit recorded twice is charged twice: each record is usage, settling
-//!   the reservation left at that moment.
-//!
-//! The handle is `Clone + Send + 'static`: move it into a streamed body and
-//! record when the stream ends. With stacked limiters each one whose tier
-//! has the unit takes it; in shadow mode a unit's would-be refusal is
-//! reported and let through. The unit `content-bytes` is counted by the
-//! layer itself from the response body (see [`CONTENT_BYTES`](crate::quota::CONTENT_BYTES)).
-//!
-//! For tonic services, [`TierUsage::from_extensions`] finds the handle in
-//! the request's extensions.
+//! [`TierUsage`], a request's usage of its tier's units, and [`TierRefusal`].
 
 use bytes::Bytes;
 use http::{Response, StatusCode};
 
 use crate::cost::Charges;
 
-/// A request's usage of its tier's units. See the [module
-/// documentation](self).
+/// A request's usage of its tier's units (tokens, points,
+/// any unit of [`RateTierBuilder::tier_unit`](crate::RateTierBuilder::tier_unit)),
+/// charged when the handler knows it.
+///
+/// A request behind the layer is admitted when its request bands admit it
+/// and none of its units is exhausted. The handler then tells the limiter
+/// what the request used:
+///
+/// * [`reserve`](TierUsage::reserve) takes an estimate up front, and
+///   refuses with a [`TierRefusal`] (the 429 the layer gives, with the
+///   unit's fields) when it does not fit. A refused reservation gives the
+///   request's own charge back: the response carries the limiter's refusal
+///   mark, so a refused request consumes nothing.
+/// * [`record`](TierUsage::record) settles what was used: it gives back the
+///   unused part of the reservation, or charges what exceeds it even beyond
+///   what is left, putting the unit in debt of at most one burst of its
+///   smallest band (the tier's next requests are refused until it is
+///   repaid at the unit's rate). Usage beyond that bound is forgiven and
+///   reported ([`RateLimitEvent::UsageForgiven`](crate::RateLimitEvent::UsageForgiven)
+///   and a warning). It never waits: a storage that must (Redis) is
+///   answered in a task of its own, and a write that fails is logged and
+///   reported ([`RateLimitEvent::UsageLost`](crate::RateLimitEvent::UsageLost));
+///   under a [`Fallback`](crate::storage::Fallback) the local limiter
+///   takes it instead.
+/// * A reservation never recorded (the handler failed, the client went
+///   away, the stream was dropped) stays charged: the work it stood for
+///   may have been done. Record the real usage on every path that knows it.
+/// * A unit recorded twice is charged twice: each record is usage, settling
+///   the reservation left at that moment.
+///
+/// The handle is `Clone + Send + 'static`: move it into a streamed body and
+/// record when the stream ends. With stacked limiters each one whose tier
+/// has the unit takes it; in shadow mode a unit's would-be refusal is
+/// reported and let through. The unit `content-bytes` is counted by the
+/// layer itself from the response body (see [`CONTENT_BYTES`](crate::quota::CONTENT_BYTES)).
+///
+/// For tonic services, [`TierUsage::from_extensions`] finds the handle in
+/// the request's extensions.
 #[derive(Clone, Debug)]
 pub struct TierUsage {
     charges: Charges,

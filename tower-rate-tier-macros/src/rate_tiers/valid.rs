@@ -16,7 +16,7 @@ const MAX_NAME_LEN: usize = 255;
 const MAX_UNIT_LEN: usize = 24;
 
 /// The unit names the runtime keeps for itself, and what to write instead.
-const RESERVED_UNITS: [(&str, &str); 2] = [
+const RESERVED_UNITS: [(&str, &str); 3] = [
     (
         "requests",
         "requests are limited by the tier's attribute without `unit`",
@@ -24,6 +24,10 @@ const RESERVED_UNITS: [(&str, &str); 2] = [
     (
         "concurrent-requests",
         "`concurrent = n` on the tier's attribute without `unit` limits requests in flight",
+    ),
+    (
+        "concurrency",
+        "`concurrent = n` on the tier's attribute without `unit` limits requests in flight (its item is named `<tier>.concurrency`)",
     ),
 ];
 
@@ -312,6 +316,7 @@ mod tests {
             "",
             "requests",
             "concurrent-requests",
+            "concurrency",
             "Tokens",
             "2fa",
             "-tokens",

@@ -1,22 +1,4 @@
-//! Named units: what a [`Quota`](super::Quota) counts besides requests.
-//!
-//! A tier counts requests in its bands, and may also count named units in
-//! bands of their own (`tokens`, `content-bytes`, `points`):
-//! [`RateTierBuilder::tier_unit`](crate::RateTierBuilder::tier_unit). A unit's
-//! name appears in storage keys, in the names of `RateLimit-Policy` items and
-//! in metric labels, so it is a short token: 1 to [`MAX_UNIT_LEN`] bytes of
-//! ASCII lowercase letters, digits, `-` and `_`, starting with a letter.
-//! `requests` and `concurrent-requests` are reserved: a tier's request bands
-//! and its concurrency limit count them.
-//!
-//! ```
-//! use tower_rate_tier::quota::{Unit, UnitError};
-//!
-//! assert_eq!(Unit::new("tokens").unwrap().as_str(), "tokens");
-//! assert_eq!(Unit::new("requests"), Err(UnitError::Reserved("requests".into())));
-//! assert!(matches!(Unit::new("Tokens"), Err(UnitError::Invalid(_))));
-//! assert!(matches!(Unit::new("a;b"), Err(UnitError::Invalid(_))));
-//! ```
+//! [`Unit`]: what a [`Quota`](super::Quota) counts besides requests.
 
 use std::fmt;
 
@@ -27,8 +9,26 @@ pub const MAX_UNIT_LEN: usize = 24;
 /// (`qu="content-bytes"`); the layer counts it from response bodies.
 pub const CONTENT_BYTES: &str = "content-bytes";
 
-/// The name of a unit a band counts, stored inline (`Copy`, no allocation).
-/// See the [module documentation](self).
+/// Named units: what a [`Quota`](super::Quota) counts besides requests.
+///
+/// A tier counts requests in its bands, and may also count named units in
+/// bands of their own (`tokens`, `content-bytes`, `points`):
+/// [`RateTierBuilder::tier_unit`](crate::RateTierBuilder::tier_unit). A unit's
+/// name appears in storage keys, in the names of `RateLimit-Policy` items and
+/// in metric labels, so it is a short token: 1 to [`MAX_UNIT_LEN`] bytes of
+/// ASCII lowercase letters, digits, `-` and `_`, starting with a letter.
+/// `requests`, `concurrent-requests` and `concurrency` are reserved: a
+/// tier's request bands and its concurrency limit count them (and name its
+/// `RateLimit-Policy` item `<tier>.concurrency`).
+///
+/// ```
+/// use tower_rate_tier::quota::{Unit, UnitError};
+///
+/// assert_eq!(Unit::new("tokens").unwrap().as_str(), "tokens");
+/// assert_eq!(Unit::new("requests"), Err(UnitError::Reserved("requests".into())));
+/// assert!(matches!(Unit::new("Tokens"), Err(UnitError::Invalid(_))));
+/// assert!(matches!(Unit::new("a;b"), Err(UnitError::Invalid(_))));
+/// ```
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Unit {
     /// 0 for requests.
@@ -43,7 +43,7 @@ pub enum UnitError {
     /// Not 1 to [`MAX_UNIT_LEN`] bytes of `a-z`, `0-9`, `-`, `_` starting
     /// with a letter.
     Invalid(String),
-    /// `requests` or `concurrent-requests`.
+    /// `requests`, `concurrent-requests` or `concurrency`.
     Reserved(String),
 }
 
@@ -73,7 +73,7 @@ impl Unit {
 
     /// The unit named `name`, validated.
     pub fn new(name: &str) -> Result<Unit, UnitError> {
-        if matches!(name, "requests" | "concurrent-requests") {
+        if matches!(name, "requests" | "concurrent-requests" | "concurrency") {
             return Err(UnitError::Reserved(name.to_owned()));
         }
         let valid = (1..=MAX_UNIT_LEN).contains(&name.len())

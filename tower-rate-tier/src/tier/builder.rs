@@ -232,7 +232,7 @@ impl RateTierBuilder {
     /// refused until it is repaid at the unit's rate.
     ///
     /// A unit's name is a short token (see [`Unit`](crate::quota::Unit));
-    /// `requests` and `concurrent-requests` are reserved. A unit named again
+    /// `requests`, `concurrent-requests` and `concurrency` are reserved. A unit named again
     /// for the same tier replaces its bands. Naming a tier that is not
     /// configured, an invalid name, no band or an unlimited one, or more
     /// than [`MAX_BANDS`] bands in one tier with its units, is a build
