@@ -437,3 +437,25 @@ async fn units_recorded_and_forgiven_are_counted_per_tier_and_unit() {
     // two answers of 4 bytes ("done") and one of 30
     assert_eq!(count("content-bytes", "recorded"), 38);
 }
+
+#[tokio::test]
+async fn a_request_let_through_uncounted_may_use_units_and_a_unit_is_recorded_each_time() {
+    use tower_rate_tier::OnMissing;
+    let clock = FakeClock::new();
+    let tiers = RateTier::builder()
+        .tier("free", Quota::per_minute(10))
+        .tier_unit("free", "tokens", Quota::per_minute(1_000))
+        .on_missing(OnMissing::Allow)
+        .clock(clock.clone())
+        .build();
+    let app = app(&tiers);
+    // not identified, let through uncounted: its reservation is not refused
+    let anonymous = Request::get("/complete?reserve=10&use=10")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(send(&app, anonymous).await.status, StatusCode::OK);
+    // recorded twice: each record is usage
+    send(&app, get_as("ada", "/complete?use=100")).await;
+    send(&app, get_as("ada", "/complete?use=100")).await;
+    assert_eq!(left(&tiers, "ada", "tokens").await, 800);
+}

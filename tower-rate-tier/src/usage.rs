@@ -69,7 +69,9 @@ impl TierUsage {
     /// Takes `n` units of `unit` up front from every limiter whose tier has
     /// the unit; refused (nothing taken anywhere) when it does not fit in
     /// one of them. No limiter with the unit is an error (a 500 that names
-    /// it): a misspelt unit is never silently uncounted.
+    /// it): a misspelt unit is never silently uncounted; a request a
+    /// limiter let through uncounted (by policy, or a storage failure under
+    /// `OnStorageError::Allow`) is not refused for it.
     pub async fn reserve(&self, unit: &str, n: u32) -> Result<(), TierRefusal> {
         let mut taken = 0;
         for charge in self.charges.0.iter().flatten().filter(|c| c.counts(unit)) {
@@ -89,7 +91,10 @@ impl TierUsage {
             }
             taken += 1;
         }
-        if taken == 0 {
+        // a limiter that let the request through uncounted (by policy, a
+        // storage failure under `OnStorageError::Allow`, an unlimited tier)
+        // counts nothing of it
+        if taken == 0 && !self.let_through() {
             return Err(TierRefusal::new(unknown_unit(unit)));
         }
         Ok(())
@@ -106,11 +111,16 @@ impl TierUsage {
             charge.record(unit, used);
             recorded = true;
         }
-        if !recorded {
+        if !recorded && !self.let_through() {
             if let Some(charge) = self.charges.0.iter().flatten().next() {
                 charge.unit_unknown(unit, used);
             }
         }
+    }
+
+    /// Whether a limiter let the request through without counting it.
+    fn let_through(&self) -> bool {
+        self.charges.0.iter().any(Option::is_none)
     }
 }
 

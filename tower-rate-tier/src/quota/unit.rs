@@ -34,6 +34,8 @@ pub struct Unit {
     /// 0 for requests.
     len: u8,
     bytes: [u8; MAX_UNIT_LEN],
+    /// [`Unit::id`], computed once.
+    id: u32,
 }
 
 /// Why a name is not a unit's.
@@ -45,6 +47,9 @@ pub enum UnitError {
     Invalid(String),
     /// `requests`, `concurrent-requests` or `concurrency`.
     Reserved(String),
+    /// Two units of one tier whose [ids](Unit::id) are the same (a hash
+    /// collision, rare as one in four billion pairs): rename one.
+    SameId(String, String),
 }
 
 impl fmt::Display for UnitError {
@@ -53,6 +58,10 @@ impl fmt::Display for UnitError {
             UnitError::Invalid(name) => write!(
                 f,
                 "`{name}` is not a valid unit name (1 to {MAX_UNIT_LEN} bytes of a-z, 0-9, `-` and `_`, starting with a letter)"
+            ),
+            UnitError::SameId(one, other) => write!(
+                f,
+                "the units `{one}` and `{other}` of one tier have the same id (its state would be shared): rename one"
             ),
             UnitError::Reserved(name) => write!(
                 f,
@@ -69,6 +78,7 @@ impl Unit {
     pub const REQUESTS: Unit = Unit {
         len: 0,
         bytes: [0; MAX_UNIT_LEN],
+        id: 0,
     };
 
     /// The unit named `name`, validated.
@@ -86,9 +96,16 @@ impl Unit {
         }
         let mut bytes = [0; MAX_UNIT_LEN];
         bytes[..name.len()].copy_from_slice(name.as_bytes());
+        // FNV-1a, never 0 (that is requests)
+        let mut id: u32 = 0x811c_9dc5;
+        for &b in name.as_bytes() {
+            id ^= u32::from(b);
+            id = id.wrapping_mul(0x0100_0193);
+        }
         Ok(Unit {
             len: name.len() as u8,
             bytes,
+            id: id.max(1),
         })
     }
 
@@ -122,16 +139,9 @@ impl Unit {
 
     /// A 32-bit id of the name (FNV-1a; 0 for requests, never 0 for a
     /// unit), which storages key a unit band's state by.
-    pub fn id(&self) -> u32 {
-        if self.len == 0 {
-            return 0;
-        }
-        let mut hash: u32 = 0x811c_9dc5;
-        for &b in &self.bytes[..usize::from(self.len)] {
-            hash ^= u32::from(b);
-            hash = hash.wrapping_mul(0x0100_0193);
-        }
-        hash.max(1)
+    #[inline]
+    pub const fn id(&self) -> u32 {
+        self.id
     }
 }
 

@@ -21,7 +21,7 @@ pub fn band_names(bands: &[Quota]) -> impl Iterator<Item = BandName> + '_ {
         let window_ms = window_ms(quota);
         let repeat = bands[..i]
             .iter()
-            .filter(|q| q.unit() == quota.unit() && window_ms_eq(q, window_ms))
+            .filter(|q| q.unit().id() == quota.unit().id() && window_ms_eq(q, window_ms))
             .count();
         BandName {
             window_ms,

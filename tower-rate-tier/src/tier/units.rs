@@ -149,6 +149,12 @@ impl TierEntry {
             .filter(|u| u.unit != parsed)
             .map(|u| (u.unit, u.bands.clone()))
             .collect();
+        if let Some((other, _)) = units.iter().find(|(u, _)| u.id() == parsed.id()) {
+            return Err(BuildError::InvalidUnit {
+                tier: self.name.to_string(),
+                error: crate::quota::UnitError::SameId(unit.to_owned(), other.as_str().to_owned()),
+            });
+        }
         if let Some(bands) = bands {
             if bands.is_empty() || bands.iter().any(Quota::is_unlimited) {
                 return Err(name(BuildError::InvalidUnitBands));

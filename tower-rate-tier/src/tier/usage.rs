@@ -37,15 +37,25 @@ impl RateTier {
     /// of 0 changes nothing. An unknown tier or unit is an error, and so is
     /// a storage failure (nothing recorded).
     pub async fn record(&self, user: &str, tier: &str, unit: &str, n: u32) -> Result<(), CheckError> {
-        let entry = self.unit_tier(tier, unit)?;
-        let Some(decide) = self.start_usage(user, &entry, unit, Amount::Force(n))? else {
+        let table = self.inner.table.load();
+        let entry = table
+            .find(tier)
+            .ok_or_else(|| CheckError::UnknownTier(tier.to_owned()))?;
+        let Some(decide) = self.start_usage(user, entry, unit, Amount::Force(n))? else {
             return Ok(());
         };
-        let decision = decide.await?;
-        let forgiven = entry.unit(unit).map_or(0, |bands| forgiven(bands, &decision));
-        if forgiven > 0 {
-            tracing::warn!(target: "tower_rate_tier", tier, unit, forgiven, "usage beyond the unit's debt bound was forgiven");
-        }
+        let decision = match decide.into_ready() {
+            Ok(decision) => decision?,
+            Err(pending) => {
+                // Waiting (Redis): hold the tier, not the table's guard.
+                let entry = entry.clone();
+                drop(table);
+                let decision = pending.await?;
+                report_forgiven(&entry, unit, &decision);
+                return Ok(());
+            }
+        };
+        report_forgiven(entry, unit, &decision);
         Ok(())
     }
 
@@ -136,6 +146,14 @@ impl RateTier {
             op,
             &self.inner.clock,
         )))
+    }
+}
+
+/// Logs the usage of `unit` a decision of `tier` forgave, if any.
+fn report_forgiven(tier: &TierEntry, unit: &str, decision: &Decision) {
+    let forgiven = tier.unit(unit).map_or(0, |bands| forgiven(bands, decision));
+    if forgiven > 0 {
+        tracing::warn!(target: "tower_rate_tier", tier = %tier.name, unit, forgiven, "usage beyond the unit's debt bound was forgiven");
     }
 }
 
