@@ -57,7 +57,7 @@ pub(crate) enum Outcome {
 
 #[derive(Debug)]
 pub(crate) struct ChargeState {
-    charged: u32,
+    pub(super) charged: u32,
     source: Source,
     outcome: Outcome,
     /// The limiter priced the request from what it learned of the route.

@@ -46,7 +46,13 @@ impl Charge {
                 refusals.shadow_limited(&self.user, n, &limited);
                 Ok(())
             }
-            Ok(Err(limited)) => Err(refusals.limited(&self.user, n, &limited)),
+            Ok(Err(limited)) => {
+                // its fields as they stand once the request's own charge is
+                // given back (the refusal's mark does that on the way out)
+                let charged = self.lock().charged;
+                let limited = limited.with_requests_refunded(charged);
+                Err(refusals.limited(&self.user, n, &limited))
+            }
             Err(CheckError::Storage(error)) => {
                 match refusals.storage_failed(&self.user, &self.tier.name, &error) {
                     // let through (fail open): nothing reserved

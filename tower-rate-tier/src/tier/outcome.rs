@@ -155,15 +155,7 @@ impl RateLimitInfo {
             return;
         }
         let mut bands = self.detail.bands.clone();
-        for (state, quota) in bands.iter_mut().zip(self.detail.tier.bands.iter()) {
-            let interval = u128::from(quota.emission_interval_nanos());
-            let tolerance = interval * u128::from(quota.burst());
-            let used = u128::from(state.reset_after_ns).saturating_sub(interval * u128::from(units));
-            state.reset_after_ns = u64::try_from(used).unwrap_or(u64::MAX);
-            state.more_after_ns =
-                crate::gcra::next_unit_after(state.reset_after_ns, quota.emission_interval_nanos());
-            state.remaining = u32::try_from((tolerance - used.min(tolerance)) / interval).unwrap_or(u32::MAX);
-        }
+        refund_requests(&mut bands, &self.detail.tier, units);
         let mut decision = Decision::new(true, self.detail.now, bands).with_source(self.detail.source);
         decision.slots = self.detail.slots;
         if let Ok(info) = outcome(&self.detail.tier, decision) {
@@ -200,7 +192,32 @@ impl RateLimitInfo {
     }
 }
 
+/// The request bands' `states` after `units` were given back (same
+/// instant); a unit band's state is left as it is.
+fn refund_requests(states: &mut BandStates, tier: &TierEntry, units: u32) {
+    if tier.unlimited {
+        return;
+    }
+    for (state, quota) in states.iter_mut().zip(tier.bands.iter()) {
+        let interval = u128::from(quota.emission_interval_nanos());
+        let tolerance = interval * u128::from(quota.burst());
+        let used = u128::from(state.reset_after_ns).saturating_sub(interval * u128::from(units));
+        state.reset_after_ns = u64::try_from(used).unwrap_or(u64::MAX);
+        state.more_after_ns =
+            crate::gcra::next_unit_after(state.reset_after_ns, quota.emission_interval_nanos());
+        state.remaining = u32::try_from((tolerance - used.min(tolerance)) / interval).unwrap_or(u32::MAX);
+    }
+}
+
 impl RateLimited {
+    /// The same refusal once the request's own charge of `units` is given
+    /// back (a refusal by a unit after admission): its request bands'
+    /// states.
+    pub(crate) fn with_requests_refunded(mut self, units: u32) -> Self {
+        refund_requests(&mut self.detail.bands, &self.detail.tier, units);
+        self
+    }
+
     /// The names of the `RateLimit-Policy` items whose band denied the
     /// request, in the tier's order, as a Structured Fields parser decodes
     /// them from the field (`free`, or `free.0`, `free.1`, ... in a
