@@ -12,7 +12,6 @@ use super::Source;
 use super::learned::{Learned, RouteKey};
 use crate::body::Refusal;
 use crate::headers::RateLimitHeaders;
-use crate::quota::Unit;
 use crate::refusal::{Refusals, missing_limiter};
 use crate::response::{apply_info_fields, apply_limited_fields};
 use crate::tier::{Begun, CheckError, RateLimitInfo, RateLimited, RateTier, TierEntry, check_result};
@@ -64,8 +63,9 @@ pub(crate) struct ChargeState {
     learned: bool,
     /// The strongest route-level declaration seen, whatever came of it.
     declared: Option<(u32, Source)>,
-    /// Units reserved and not yet settled, per unit.
-    pub(super) reserved: SmallVec<[(Unit, u32); 1]>,
+    /// Units reserved and not yet settled, per unit (by its id, unique
+    /// among a tier's units); empty, it allocates nothing.
+    pub(super) reserved: Vec<(u32, u32)>,
 }
 
 impl ChargeState {
@@ -78,7 +78,7 @@ impl ChargeState {
             outcome,
             learned,
             declared: None,
-            reserved: SmallVec::new(),
+            reserved: Vec::new(),
         }
     }
 }

@@ -158,6 +158,7 @@ impl Charge {
             return;
         }
         let Ok(unit) = Unit::new(unit) else { return };
+        let unit = unit.id();
         let mut state = self.lock();
         match state.reserved.iter_mut().find(|(u, _)| *u == unit) {
             Some((_, reserved)) => *reserved = reserved.saturating_add(n),
@@ -168,6 +169,7 @@ impl Charge {
     /// The units of `unit` reserved and not settled yet, now settled.
     fn take_reserved(&self, unit: &str) -> u32 {
         let Ok(unit) = Unit::new(unit) else { return 0 };
+        let unit = unit.id();
         let mut state = self.lock();
         let at = state.reserved.iter().position(|(u, _)| *u == unit);
         at.map_or(0, |at| state.reserved.swap_remove(at).1)
