@@ -35,6 +35,10 @@ mod outages;
 mod own_connection;
 #[path = "redis/script.rs"]
 mod script;
+#[path = "redis/units.rs"]
+mod units;
+#[path = "redis/units_slots.rs"]
+mod units_slots;
 
 pub(crate) fn key<'a>(tier: &'a str, user: &'a str) -> StorageKey<'a> {
     StorageKey {
