@@ -37,6 +37,8 @@ mod own_connection;
 mod script;
 #[path = "redis/units.rs"]
 mod units;
+#[path = "redis/units_batching.rs"]
+mod units_batching;
 #[path = "redis/units_slots.rs"]
 mod units_slots;
 
