@@ -39,6 +39,8 @@ mod script;
 mod units;
 #[path = "redis/units_batching.rs"]
 mod units_batching;
+#[path = "redis/units_exactness.rs"]
+mod units_exactness;
 #[path = "redis/units_slots.rs"]
 mod units_slots;
 
