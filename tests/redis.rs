@@ -35,6 +35,14 @@ mod outages;
 mod own_connection;
 #[path = "redis/script.rs"]
 mod script;
+#[path = "redis/units.rs"]
+mod units;
+#[path = "redis/units_batching.rs"]
+mod units_batching;
+#[path = "redis/units_exactness.rs"]
+mod units_exactness;
+#[path = "redis/units_slots.rs"]
+mod units_slots;
 
 pub(crate) fn key<'a>(tier: &'a str, user: &'a str) -> StorageKey<'a> {
     StorageKey {

@@ -197,3 +197,108 @@ async fn off_by_the_builder() {
     let text = format!("{tiers:?}");
     assert!(text.contains("deny_cache: false"), "{text}");
 }
+
+/// A tier with two units on Redis with its deny cache: `free` has 100
+/// requests a day, 1,000 tokens and 50 images a day.
+async fn units(server: &RedisServer, clock: &FakeClock) -> RateTier {
+    RateTier::builder()
+        .tier("free", Quota::per_day(100))
+        .tier_unit("free", "tokens", Quota::per_day(1_000))
+        .tier_unit("free", "images", Quota::per_day(50))
+        .clock(clock.clone())
+        .storage(storage(&server.url()).await)
+        .build()
+}
+
+/// A unit in debt is a cached denial for what it would deny (a request's
+/// admission, a reservation of that unit), never for usage recorded after
+/// the fact (which always reaches Redis and is charged) nor for another
+/// unit's reservation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_unit_in_debt_is_a_cached_denial_only_for_what_it_denies() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let clock = FakeClock::new();
+    let tiers = units(&server, &clock).await;
+    tiers.record("ada", "free", "tokens", 1_500).await.unwrap();
+    let first = tiers.check("ada", "free", 1).await.unwrap().unwrap_err();
+    assert_eq!(first.source(), DecisionSource::Storage);
+    server.cli(&["CONFIG", "RESETSTAT"]);
+    // the admission and a reservation of tokens are denied here
+    for _ in 0..3 {
+        let again = tiers.check("ada", "free", 1).await.unwrap().unwrap_err();
+        assert_eq!(again.source(), DecisionSource::DenyCache);
+        assert_eq!(again.retry_after, first.retry_after, "our clock stood still");
+        let reserve = tiers
+            .reserve("ada", "free", "tokens", 5)
+            .await
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(reserve.source(), DecisionSource::DenyCache);
+    }
+    assert_eq!(script_calls(&server), 0);
+    // usage recorded reaches Redis, and is charged: 10 tokens more to wait
+    // (Redis's answer to the record refreshed the cached state)
+    tiers.record("ada", "free", "tokens", 10).await.unwrap();
+    assert_eq!(script_calls(&server), 1);
+    let more = tiers.check("ada", "free", 1).await.unwrap().unwrap_err();
+    assert_eq!(more.source(), DecisionSource::DenyCache);
+    let interval = Quota::per_day(1_000).emission_interval();
+    let waited = more.retry_after - first.retry_after;
+    // Redis's clock ran between the two decisions, ours did not
+    assert!(
+        waited <= interval * 10 && waited > interval * 9,
+        "{waited:?} more after 10 tokens"
+    );
+    // another unit's reservation is Redis's to decide, and fits
+    let images = tiers.reserve("ada", "free", "images", 50).await.unwrap().unwrap();
+    assert_eq!(images.source(), DecisionSource::Storage);
+    assert_eq!(script_calls(&server), 2, "the record and the images");
+}
+
+/// Polls `future` once (sending a storage decision's command), and gives
+/// it back if it is not done.
+async fn poll_once<F: std::future::Future + Unpin>(mut future: F) -> Result<F::Output, F> {
+    use std::task::Poll;
+    let polled = std::future::poll_fn(|cx| Poll::Ready(std::pin::Pin::new(&mut future).poll(cx))).await;
+    match polled {
+        Poll::Ready(out) => Ok(out),
+        Poll::Pending => Err(future),
+    }
+}
+
+/// A reservation given back while a denial of the same user is in flight:
+/// Redis decided the denial before the refund, and its answer, arriving
+/// after the refund, must not be kept as the user's state (it would deny
+/// the user here for up to a day while Redis admits).
+///
+/// On a runtime of one thread, so that the connection's task (which reads
+/// the replies) runs only when this test waits: the admission polled once
+/// is sent, and cannot be answered before the refund is sent after it.
+#[tokio::test(flavor = "current_thread")]
+async fn a_denial_answered_after_a_refund_is_not_kept() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let clock = FakeClock::new();
+    let tiers = units(&server, &clock).await;
+    // every token reserved by a request still running
+    tiers
+        .reserve("ada", "free", "tokens", 1_000)
+        .await
+        .unwrap()
+        .unwrap();
+    // another request's admission is sent (the tokens are at zero: Redis
+    // will deny it), then the running request gives its tokens back
+    let in_flight = poll_once(Box::pin(tiers.check("ada", "free", 1)))
+        .await
+        .expect_err("a decision of Redis waits for its reply");
+    tiers.settle("ada", "free", "tokens", 1_000, 0).await.unwrap();
+    let denied = in_flight.await.unwrap().unwrap_err();
+    assert_eq!(denied.source(), DecisionSource::Storage);
+    // the next request is admitted: Redis holds the tokens given back
+    let next = tiers.check("ada", "free", 1).await.unwrap();
+    let next = next.unwrap_or_else(|refused| panic!("refused by {:?}", refused.source()));
+    assert_eq!(next.source(), DecisionSource::Storage);
+}

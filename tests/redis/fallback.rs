@@ -338,3 +338,83 @@ async fn a_dead_cluster_node_sends_only_its_keys_to_the_fallback() {
     assert!(storage.is_local());
     assert_eq!(switched.load(Ordering::SeqCst), 1, "one report, not one per slot");
 }
+
+/// While Redis is down, each unit of a tier has the instance's share, as
+/// the request bands do: a quarter of the tokens and of each images band
+/// for four instances, with a quarter of the debt bound, from a fresh local
+/// state (what the user used in Redis is not known locally).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_redis_is_down_each_unit_has_its_share() {
+    let Some(mut server) = RedisServer::start() else {
+        return;
+    };
+    let redis = RedisStorage::builder(server.url())
+        .timeout(TIMEOUT)
+        .connect()
+        .await
+        .unwrap();
+    let storage = Fallback::builder(redis)
+        .instances(4)
+        .failures_to_switch(1)
+        .build();
+    // our side's clock decides locally: exact waits
+    let clock = tower_rate_tier::clock::FakeClock::new();
+    let tiers = RateTier::builder()
+        .tier("free", Quota::per_day(100))
+        .tier_unit("free", "tokens", Quota::per_day(1_000))
+        .tier_unit("free", "images", [Quota::per_day(40), Quota::per_week(100)])
+        .clock(clock)
+        .storage(storage.clone())
+        .build();
+    tiers.record("ada", "free", "tokens", 900).await.unwrap();
+    let before = tiers.check("ada", "free", 1).await.unwrap().unwrap();
+    assert_eq!(before.source(), DecisionSource::Storage);
+    server.kill();
+
+    // tokens: 250 of 1,000
+    let tokens = tiers
+        .reserve("ada", "free", "tokens", 250)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(tokens.source(), DecisionSource::Fallback);
+    assert!(storage.is_local());
+    let refused = tiers
+        .reserve("ada", "free", "tokens", 1)
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(refused.source(), DecisionSource::Fallback);
+    assert_eq!(refused.violated_policies().collect::<Vec<_>>(), ["free.tokens"]);
+    // images: 10 of the day's 40 (the week's 25 of 100 do not bind)
+    let images = tiers.reserve("ada", "free", "images", 10).await.unwrap().unwrap();
+    let left: Vec<u32> = images
+        .bands()
+        .filter(|(q, _)| q.unit().as_str() == "images")
+        .map(|(_, s)| s.remaining)
+        .collect();
+    assert_eq!(left, [0, 15]);
+    let refused = tiers
+        .reserve("ada", "free", "images", 1)
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(refused.violated_policies().collect::<Vec<_>>(), ["free.images.0"]);
+    // usage beyond the reservation goes into a local debt of at most a
+    // quarter of the bound (250 of 1,000): the next request waits for the
+    // debt and a token at the share's rate (one token every 345.6 s); the
+    // images at zero refuse it too
+    tiers.settle("ada", "free", "tokens", 250, 900).await.unwrap();
+    let waiting = tiers.check("ada", "free", 1).await.unwrap().unwrap_err();
+    assert_eq!(waiting.source(), DecisionSource::Fallback);
+    assert_eq!(waiting.retry_after, Duration::from_millis(345_600) * 251);
+    assert_eq!(
+        waiting.violated_policies().collect::<Vec<_>>(),
+        ["free.tokens", "free.images.0"]
+    );
+    // another user has a share of each unit of her own
+    let bob = tiers.check("bob", "free", 1).await.unwrap().unwrap();
+    assert_eq!(bob.source(), DecisionSource::Fallback);
+    let shares: Vec<u32> = bob.bands().map(|(_, s)| s.remaining).collect();
+    assert_eq!(shares, [24, 250, 10, 25], "requests, tokens, images");
+}

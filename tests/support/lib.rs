@@ -10,5 +10,6 @@ pub mod http_load;
 pub mod redis;
 pub mod reply;
 pub mod storage_ops;
+pub mod units;
 
 pub use storage_ops::StorageOps;

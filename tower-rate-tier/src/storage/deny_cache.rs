@@ -21,9 +21,11 @@
 //!   [`DecisionSource::DenyCache`]).
 //!
 //! One exception to the lower bound: a refund. A refund through this cache
-//! drops the key's entry; a refund made by another instance is not seen, and
-//! the entry keeps denying until it expires (at most until the band is full
-//! again, the longest `Retry-After` the storage itself gave).
+//! drops the key's entry when it is sent and when it is answered, and no
+//! answer in flight meanwhile is kept (it may describe the state before the
+//! refund); a refund made by another instance is not seen, and the entry
+//! keeps denying until it expires (at most until the band is full again,
+//! the longest `Retry-After` the storage itself gave).
 //!
 //! Memory is bounded: entries expire when their bands are full again (an
 //! expired entry is removed when next looked up, and by a sweep when the
@@ -75,6 +77,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use arrayvec::ArrayVec;
 use dashmap::DashMap;
+use dashmap::mapref::entry::Entry as MapEntry;
 use smallvec::SmallVec;
 
 use super::{
@@ -83,6 +86,10 @@ use super::{
 };
 use crate::clock::{Clock, Nanos};
 use crate::quota::Quota;
+
+mod refunds;
+
+use refunds::{Refunding, Refunds};
 
 /// The default number of keys a deny cache keeps.
 pub const DEFAULT_CAPACITY: usize = 65_536;
@@ -210,6 +217,8 @@ pub(crate) struct DenyTable {
     len: AtomicUsize,
     capacity: usize,
     last_sweep: AtomicU64,
+    /// Refunds sent or answered, so that no answer from before one is kept.
+    refunds: Refunds,
 }
 
 /// One key's bands as the storage last reported them.
@@ -234,6 +243,7 @@ impl DenyTable {
             len: AtomicUsize::new(0),
             capacity,
             last_sweep: AtomicU64::new(0),
+            refunds: Refunds::new(),
         }
     }
 
@@ -262,16 +272,12 @@ impl DenyTable {
             }
             Op::Charge(_) | Op::Acquire { .. } => {}
             Op::Release(_) => return forward(),
-            Op::Refund(_) => {
-                self.forget(&name);
-                return forward();
-            }
+            Op::Refund(_) => return refund(self, name, forward),
             // Not one amount per band: the storage's error to give.
             Op::Each(amounts) if amounts.len() != bands.len() => return forward(),
             // Refunded bands: forgotten as a refund is.
             Op::Each(amounts) if amounts.iter().any(|(a, _)| matches!(a, Amount::Refund(_))) => {
-                self.forget(&name);
-                return forward();
+                return refund(self, name, forward);
             }
             // A forced charge always reaches the storage (its answer
             // refreshes the key's entry, if it has one).
@@ -298,9 +304,10 @@ impl DenyTable {
             return forward();
         };
         let table = self.clone();
+        let seen = self.refunds.seen(&name);
         forward().map(move |decided| {
             if let Ok(decision) = &decided {
-                table.record(name, &kept, now, decision);
+                table.record(name, &kept, now, decision, seen);
             }
             decided
         })
@@ -331,8 +338,16 @@ impl DenyTable {
 
     /// Keeps what the storage answered for a request sent at `sent_at`: a
     /// denial always (room permitting), anything else only to refresh an
-    /// entry the key has.
-    fn record(&self, name: KeyBuf, bands: &[Quota], sent_at: Nanos, decision: &Decision) {
+    /// entry the key has; nothing when a refund of the key's bucket was sent
+    /// or answered since `seen` (see [`refunds`]).
+    fn record(
+        &self,
+        name: KeyBuf,
+        bands: &[Quota],
+        sent_at: Nanos,
+        decision: &Decision,
+        seen: refunds::Seen,
+    ) {
         // A refusal for want of a slot is never kept: a slot comes free
         // when a request ends, which no time in the cache can tell.
         let by_slots = decision.slots.is_some_and(|s| s.refused);
@@ -359,8 +374,12 @@ impl DenyTable {
                 entry.expires = entry.expires.max(tat);
             }
         }
+        // Checked under the entry's lock: a refund counts before it drops
+        // the entry (which takes the lock), so it either sees this write or
+        // this write sees its count.
+        let fresh = || self.refunds.unchanged(seen);
         if let Some(mut kept) = self.map.get_mut(&name[..]) {
-            if kept.sent_at <= sent_at {
+            if kept.sent_at <= sent_at && fresh() {
                 *kept = entry;
             }
             return;
@@ -368,8 +387,15 @@ impl DenyTable {
         if decision.allowed || entry.expires == sent_at || !self.room(sent_at) {
             return;
         }
-        if self.map.insert(name.to_vec().into_boxed_slice(), entry).is_none() {
-            self.len.fetch_add(1, Ordering::Relaxed);
+        match self.map.entry(name.to_vec().into_boxed_slice()) {
+            MapEntry::Vacant(vacant) if fresh() => {
+                vacant.insert(entry);
+                self.len.fetch_add(1, Ordering::Relaxed);
+            }
+            MapEntry::Occupied(mut kept) if kept.get().sent_at <= sent_at && fresh() => {
+                kept.insert(entry);
+            }
+            _ => {}
         }
     }
 
@@ -413,6 +439,15 @@ impl DenyTable {
             self.len.fetch_sub(1, Ordering::Relaxed);
         }
     }
+}
+
+/// A refund of the key named `name`: see [`refunds`].
+fn refund(table: &Arc<DenyTable>, name: KeyBuf, forward: impl FnOnce() -> Decide) -> Decide {
+    let refunding = Refunding::start(table, name);
+    forward().map(move |decided| {
+        drop(refunding);
+        decided
+    })
 }
 
 fn same_bands(entry: &Entry, bands: &[Quota]) -> bool {

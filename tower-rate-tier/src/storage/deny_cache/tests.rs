@@ -185,7 +185,8 @@ fn a_changed_tier_ignores_the_entry_and_fallback_decisions_are_never_kept() {
         [crate::gcra::BandState::default()].into_iter().collect(),
     )
     .with_source(DecisionSource::Fallback);
-    table.record(encode(KEY), &bands, 0, &fallback);
+    let seen = table.refunds.seen(&encode(KEY));
+    table.record(encode(KEY), &bands, 0, &fallback, seen);
     assert_eq!(table.len(), 0);
 }
 
@@ -399,4 +400,67 @@ fn a_decision_without_an_amount_per_band_reaches_the_storage() {
         matches!(answer, Ok(Err(_))),
         "the cache answered {answer:?} for the storage"
     );
+}
+
+/// A storage that decides at once but answers only when released, in any
+/// order: a remote storage whose replies arrive late.
+#[derive(Debug, Clone, Default)]
+struct Late {
+    memory: MemoryStorage,
+    held: Arc<std::sync::Mutex<Vec<tokio::sync::oneshot::Sender<()>>>>,
+}
+
+impl Storage for Late {
+    fn decide(&self, key: StorageKey<'_>, bands: &[Quota], op: Op, clock: &Arc<dyn Clock>) -> Decide {
+        let decided = self.memory.decide(key, bands, op, clock).into_ready().ok();
+        let (release, released) = tokio::sync::oneshot::channel();
+        self.held.lock().unwrap().push(release);
+        Decide::pending(async move {
+            let _ = released.await;
+            decided.unwrap_or_else(|| {
+                Err(crate::storage::StorageError::new(
+                    crate::storage::StorageErrorKind::Other,
+                    "not ready",
+                ))
+            })
+        })
+    }
+}
+
+/// A denial decided before a refund and answered after it is not kept:
+/// the key is the storage's to decide next. Once no refund is in flight,
+/// denials are kept again.
+#[tokio::test]
+async fn a_denial_answered_after_a_refund_is_not_kept() {
+    let clock: Arc<dyn Clock> = Arc::new(FakeClock::new());
+    let late = Late::default();
+    let cache = DenyCache::new(late.clone());
+    let bands = [Quota::per_minute(2)];
+    let release = |i: usize| {
+        let (spare, _) = tokio::sync::oneshot::channel();
+        let sender = std::mem::replace(&mut late.held.lock().unwrap()[i], spare);
+        let _ = sender.send(());
+    };
+    let answer = |op: Op, i: usize| {
+        let decided = cache.decide(KEY, &bands, op, &clock);
+        release(i);
+        decided
+    };
+    for i in 0..2 {
+        assert!(answer(Op::Charge(1), i).await.unwrap().allowed);
+    }
+    // a denial decided, then a refund decided and answered, then the denial
+    // answered
+    let denial = cache.decide(KEY, &bands, Op::Charge(1), &clock);
+    assert!(answer(Op::Refund(2), 3).await.unwrap().allowed);
+    release(2);
+    assert!(!denial.await.unwrap().allowed);
+    assert_eq!(cache.len(), 0, "the denial from before the refund was kept");
+    // the storage decides the next request (admitted), and a denial with no
+    // refund in flight is kept again
+    assert!(answer(Op::Charge(2), 4).await.unwrap().allowed);
+    assert!(!answer(Op::Charge(1), 5).await.unwrap().allowed);
+    assert_eq!(cache.len(), 1);
+    let cached = cache.decide(KEY, &bands, Op::Charge(1), &clock).into_ready();
+    assert!(matches!(cached, Ok(Ok(d)) if d.source == DecisionSource::DenyCache));
 }

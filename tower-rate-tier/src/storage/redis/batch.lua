@@ -3,7 +3,7 @@
 -- and `redis.lua`, the latter wrapped as the function `decide`.
 --
 -- KEYS      every decision's keys, one decision after the other.
--- ARGV[1]   the contract, "trt-batch-2"; any other value is refused.
+-- ARGV[1]   the contract, "trt-batch-3"; any other value is refused.
 -- ARGV[2]   the number of decisions.
 -- ARGV[3]   the time of the short decisions (below), in microseconds, or ""
 --           for the server's TIME.
@@ -14,10 +14,11 @@
 --   short:  "s<j>": a charge of the one limited band of triple j (1-based)
 --           at the time in ARGV[3], decided here with `charge_band`, as
 --           `redis.lua` decides it;
---   full:   its key count n, its mode ("c" or "r"), its time in
---           microseconds or "" for the server's TIME, and 3n band
---           arguments, run through `decide` with the decision's own keys
---           and arguments.
+--   full:   its key count n, its mode ("c", "r" or "e"), its time in
+--           microseconds or "" for the server's TIME, and its band
+--           arguments as `redis.lua` takes them (3n; 5n for mode "e": the
+--           triples, then each band's amount and debt bound), run through
+--           `decide` with the decision's own keys and arguments.
 -- The server's TIME is read once per call, whatever the number of
 -- decisions.
 --
@@ -38,7 +39,7 @@
 -- GET, as `redis.lua` does, so a failure stays that decision's; so does
 -- the script on a Cluster node, whose keys span slots (`cluster.lua`).
 
-if ARGV[1] ~= "trt-batch-2" then
+if ARGV[1] ~= "trt-batch-3" then
   return redis.error_reply("ERR tower-rate-tier: unknown batch contract")
 end
 local count, m = tonumber(ARGV[2]), tonumber(ARGV[4])
@@ -159,8 +160,8 @@ end
 local out = {}
 -- one full decision's keys and arguments for `decide`; the tables are
 -- reused from one decision to the next (`decide` keeps no reference to
--- them)
-local keys, argv, width = {}, {}, 0
+-- them); `nk` and `na` are the lengths the last one left
+local keys, argv, nk, na = {}, {}, 0, 0
 local k, a = 1, 5 + 3 * m
 for i = 1, count do
   local tag = ARGV[a]
@@ -173,24 +174,32 @@ for i = 1, count do
     k, a = k + 1, a + 1
   else
     local n = tonumber(tag)
-    if n == nil or n < 1 or a + 2 + 3 * n > nargs or k + n - 1 > nkeys then
+    -- band arguments per key: a triple, and for mode "e" an amount and a
+    -- debt bound too
+    local width = 3
+    if ARGV[a + 1] == "e" then
+      width = 5
+    end
+    if n == nil or n < 1 or a + 2 + width * n > nargs or k + n - 1 > nkeys then
       return redis.error_reply("ERR tower-rate-tier: bad batch arguments")
     end
     local t = ARGV[a + 2]
     if t == "" then
       t = server_now()
     end
-    for j = n + 1, width do
+    for j = n + 1, nk do
       keys[j] = nil
-      argv[2 + 3 * j - 2], argv[2 + 3 * j - 1], argv[2 + 3 * j] = nil, nil, nil
     end
-    width = n
+    for j = 3 + width * n, na do
+      argv[j] = nil
+    end
+    nk, na = n, 2 + width * n
     argv[1], argv[2] = ARGV[a + 1], t
     for j = 1, n do
       keys[j] = KEYS[k + j - 1]
       written[keys[j]] = false
     end
-    for j = 1, 3 * n do
+    for j = 1, width * n do
       argv[2 + j] = ARGV[a + 2 + j]
     end
     local ok, reply = pcall(decide, keys, argv)
@@ -207,7 +216,7 @@ for i = 1, count do
       reply = tostring(reply.err)
     end
     out[i] = reply
-    k, a = k + n, a + 3 + 3 * n
+    k, a = k + n, a + 3 + width * n
   end
 end
 if now then

@@ -129,9 +129,7 @@ impl RedisStorage {
             Op::Acquire { .. } | Op::AcquireEach { .. } | Op::Release(_) => {
                 super::slots::send(&self.inner, key, bands, op)
             }
-            // its arguments are not the batch script's: a call of its own
-            Op::Each(_) => Decide::pending(self.inner.clone().call(self.inner.args(key, bands, op))),
-            Op::Charge(_) | Op::Refund(_) => self.inner.submit(self.inner.args(key, bands, op)),
+            Op::Charge(_) | Op::Refund(_) | Op::Each(_) => self.inner.submit(self.inner.args(key, bands, op)),
         }
     }
 }

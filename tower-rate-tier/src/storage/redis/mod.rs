@@ -27,8 +27,8 @@
 //! charges every band or writes nothing. Every write sets an expiry of the
 //! time until the band is full again (plus 1 ms), so keys vanish on their own.
 //! A tier with a concurrency limit takes a slot and charges the bands in one
-//! call, and gives the slot back in another; a decision with an amount per
-//! band ([`Op::Each`]: `each.lua`) is one call too. Neither is batched.
+//! call (never batched), and gives the slot back in another; a decision with
+//! an amount per band ([`Op::Each`]: `each.lua`) is one call, batched too.
 //!
 //! **Batching** (on by default,
 //! [`batching`](RedisStorageBuilder::batching)): a decision asked for while
@@ -109,7 +109,7 @@
 //! cap, deny cache on or off) share one quota on one server: the keys, the
 //! stored values (a band's time of being full again, in integer
 //! microseconds) and the expiries are the same whatever the settings. The
-//! batch script checks its contract (`trt-batch-2`, its first argument), and
+//! batch script checks its contract (`trt-batch-3`, its first argument), and
 //! a script is known to the server by its SHA-1, so instances running
 //! different versions of a script never run each other's. A change to the
 //! key layout or the stored values would come with a new key prefix.

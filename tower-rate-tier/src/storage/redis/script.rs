@@ -29,8 +29,8 @@ use crate::quota::Quota;
 /// One decision: `redis.lua`, after `gcra.lua` (`charge_band`, the
 /// arithmetic of a charge on one limited band, which every script shares)
 /// and `each.lua` (`decide_each`, a decision with an amount per band, which
-/// `redis.lua` runs for an [`Op::Each`]; the other scripts hold it because
-/// they hold `redis.lua`, but only a call of its own carries one).
+/// `redis.lua` runs for an [`Op::Each`], on its own, in a batch or with a
+/// slot).
 pub(super) const SINGLE: &str = concat!(
     include_str!("gcra.lua"),
     include_str!("each.lua"),
@@ -81,7 +81,7 @@ pub(super) const SLOTS: &str = concat!(
 /// The batch script's contract, its first argument: the script refuses a
 /// caller that speaks another one. Bump it with any change to the layout of
 /// the batch's arguments or reply.
-pub(super) const BATCH_CONTRACT: &str = "trt-batch-2";
+pub(super) const BATCH_CONTRACT: &str = "trt-batch-3";
 
 /// Durations passed to the script are capped here (about 71 years) so that
 /// the script's sums stay exact in Lua's doubles.
