@@ -460,3 +460,70 @@ async fn a_request_let_through_uncounted_may_use_units_and_a_unit_is_recorded_ea
     send(&app, get_as("ada", "/complete?use=100")).await;
     assert_eq!(left(&tiers, "ada", "tokens").await, 800);
 }
+
+/// The memory storage, failing every decision that records usage (a
+/// forced charge): Redis down with no fallback.
+#[derive(Debug)]
+struct RecordsFail(tower_rate_tier::storage::MemoryStorage);
+
+impl tower_rate_tier::storage::Storage for RecordsFail {
+    fn decide(
+        &self,
+        key: tower_rate_tier::storage::StorageKey<'_>,
+        bands: &[Quota],
+        op: tower_rate_tier::storage::Op,
+        clock: &Arc<dyn tower_rate_tier::clock::Clock>,
+    ) -> tower_rate_tier::storage::Decide {
+        use tower_rate_tier::storage::{Amount, Decide, Op, StorageError, StorageErrorKind};
+        if let Op::Each(amounts) = op {
+            if amounts
+                .iter()
+                .any(|(amount, _)| matches!(amount, Amount::Force(_)))
+            {
+                return Decide::ready(Err(StorageError::new(StorageErrorKind::Unavailable, "down")));
+            }
+        }
+        self.0.decide(key, bands, op, clock)
+    }
+}
+
+#[tokio::test]
+async fn usage_that_a_failed_write_could_not_record_is_reported_as_lost() {
+    let clock = FakeClock::new();
+    let tiers = RateTier::builder()
+        .tier("free", Quota::per_minute(10))
+        .tier_unit("free", "tokens", Quota::per_minute(1_000))
+        .storage(RecordsFail(tower_rate_tier::storage::MemoryStorage::new()))
+        .clock(clock.clone())
+        .build();
+    let lost = Arc::new(Mutex::new(Vec::new()));
+    let seen = lost.clone();
+    let app = routes().layer(
+        TierLimitLayer::new(tiers.clone())
+            .identifier_fn(header_identity)
+            .on_event(move |event| {
+                if let RateLimitEvent::UsageLost {
+                    unit, units, error, ..
+                } = event
+                {
+                    seen.lock()
+                        .unwrap()
+                        .push((unit.to_string(), *units, error.to_string()));
+                }
+            }),
+    );
+    // the response is served; the usage it could not record is reported
+    assert_eq!(
+        send(&app, get_as("ada", "/complete?use=300")).await.status,
+        StatusCode::OK
+    );
+    let lost = lost.lock().unwrap().clone();
+    assert_eq!(lost.len(), 1, "{lost:?}");
+    assert_eq!((lost[0].0.as_str(), lost[0].1), ("tokens", 300));
+    assert!(lost[0].2.contains("down"), "{lost:?}");
+    // the program's form says so too
+    assert!(matches!(
+        tiers.record("ada", "free", "tokens", 5).await,
+        Err(tower_rate_tier::CheckError::Storage(_))
+    ));
+}
