@@ -475,13 +475,12 @@ impl tower_rate_tier::storage::Storage for RecordsFail {
         clock: &Arc<dyn tower_rate_tier::clock::Clock>,
     ) -> tower_rate_tier::storage::Decide {
         use tower_rate_tier::storage::{Amount, Decide, Op, StorageError, StorageErrorKind};
-        if let Op::Each(amounts) = op {
-            if amounts
+        if let Op::Each(amounts) = op
+            && amounts
                 .iter()
                 .any(|(amount, _)| matches!(amount, Amount::Force(_)))
-            {
-                return Decide::ready(Err(StorageError::new(StorageErrorKind::Unavailable, "down")));
-            }
+        {
+            return Decide::ready(Err(StorageError::new(StorageErrorKind::Unavailable, "down")));
         }
         self.0.decide(key, bands, op, clock)
     }
