@@ -205,12 +205,13 @@ fn core(mode: &str, n: usize) {
         core_loop_ours(&tiers, &keys, keys.len());
         core_loop_ours(&tiers, &keys, n)
     } else if mode == "core-ours-unit" {
+        // the same loop as `core-ours`, on a tier with a unit
         let tiers = with_unit();
-        core_loop_ours_unit(&tiers, &keys, keys.len());
-        core_loop_ours_unit(&tiers, &keys, n)
+        core_loop_ours(&tiers, &keys, keys.len());
+        core_loop_ours(&tiers, &keys, n)
     } else if mode == "core-record" {
         let tiers = with_unit();
-        core_loop_ours_unit(&tiers, &keys, keys.len());
+        core_loop_ours(&tiers, &keys, keys.len());
         core_loop_record(&tiers, &keys, n)
     } else if mode == "core-governor-state" {
         let limiter = governor::RateLimiter::dashmap_with_hasher(
@@ -234,13 +235,6 @@ fn core(mode: &str, n: usize) {
 /// `n` checks of ours, each future built and polled in place.
 #[inline(never)]
 fn core_loop_ours(tiers: &RateTier, keys: &[String], n: usize) -> usize {
-    in_place(tiers, keys, n)
-}
-
-/// `n` checks of ours on a tier with a unit (its bands required, not
-/// charged).
-#[inline(never)]
-fn core_loop_ours_unit(tiers: &RateTier, keys: &[String], n: usize) -> usize {
     in_place(tiers, keys, n)
 }
 

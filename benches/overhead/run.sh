@@ -31,13 +31,17 @@ awk -v o="$ietf" -v g="$gov" 'BEGIN { printf "ours (IETF fields) / tower_governo
 awk -v o="$none" -v g="$plain" 'BEGIN { printf "ours without fields / tower_governor without headers = %.2f\n", o / g }'
 # The bare check: instructions per check inside the loop functions alone
 # (the clocks' calibration and the first insertion of every key cancel out).
+# core LOOP MODE N: the loop function LOOP counted, in the bench's MODE
 core() {
   valgrind --tool=callgrind --toggle-collect="overhead::core_loop_$1" --callgrind-out-file=/dev/null \
-    "$bin" "core-${1//_/-}" "$2" 2>&1 | sed -n 's/.*Collected : \([0-9]*\).*/\1/p'
+    "$bin" "$2" "$3" 2>&1 | sed -n 's/.*Collected : \([0-9]*\).*/\1/p'
 }
-for subject in ours governor governor_state ours_unit record; do
-  a=$(core "$subject" 100000); b=$(core "$subject" 200000)
-  printf 'core check, %-8s %6d instructions\n' "$subject" $(( (b - a) / 100000 ))
+# (a tier with a unit runs the loop of ours: the two would be one function)
+for subject in "ours core-ours" "governor core-governor" "governor_state core-governor-state" \
+  "ours core-ours-unit" "record core-record"; do
+  set -- $subject
+  a=$(core "$1" "$2" 100000); b=$(core "$1" "$2" 200000)
+  printf '%-22s %6d instructions\n' "$2" $(( (b - a) / 100000 ))
 done
 # Customers on contracts of their own: the first ones, and the same after
 # 20,000 other distinct contracts (a decision's cost must not grow with them).
