@@ -17,6 +17,11 @@
 //! * Costs ([`cost`]): [`#[tier_cost(n)]`](macro@tier_cost) on a handler, the
 //!   [`tier_cost(n)`](fn@tier_cost) route layer, a [`TierCost`] extension, or
 //!   [`TierLimitLayer::cost_fn`]; each is charged exactly once.
+//! * Concurrency limits ([`RateTierBuilder::tier_concurrency`]): at most N
+//!   requests of one user in flight.
+//! * Usage-based quotas ([`RateTierBuilder::tier_unit`]): tokens, bytes or
+//!   any unit, reserved and recorded by a handler through [`TierUsage`]
+//!   once it knows the usage; `content-bytes` counted from response bodies.
 //! * Macros (feature `macros`, default): [`#[rate_tiers]`](macro@rate_tiers)
 //!   turns an enum into a tier table, [`#[tier_cost]`](macro@tier_cost) gives
 //!   a handler its cost.
