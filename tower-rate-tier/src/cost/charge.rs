@@ -14,7 +14,7 @@ use crate::body::Refusal;
 use crate::headers::RateLimitHeaders;
 use crate::refusal::{Refusals, missing_limiter};
 use crate::response::{apply_info_fields, apply_limited_fields};
-use crate::tier::{Begun, CheckError, RateLimitInfo, RateLimited, RateTier, TierEntry, check_result};
+use crate::tier::{Begun, CheckError, RateLimitInfo, RateLimited, RateTier, TierEntry, User, check_result};
 
 /// What a limiter's charges need of it: its tiers, how it refuses, and the
 /// route costs it learned.
@@ -87,7 +87,7 @@ impl ChargeState {
 /// cost declarations through the request extensions.
 pub(crate) struct Charge {
     pub(super) ledger: Arc<Ledger>,
-    pub(super) user: String,
+    pub(super) user: User,
     pub(super) tier: Arc<TierEntry>,
     route: Option<(Method, RouteKey)>,
     state: Mutex<ChargeState>,
@@ -104,7 +104,7 @@ impl crate::slot::SlotOwner for Charge {
     /// Gives back the slot of `lease`, taken under this charge's user and
     /// tier.
     fn release_slot(&self, lease: crate::storage::Lease) -> crate::storage::Decide {
-        self.ledger.tiers.release(&self.user, &self.tier, lease)
+        self.ledger.tiers.release(self.user.id(), &self.tier, lease)
     }
 }
 
@@ -112,7 +112,7 @@ impl Charge {
     #[inline]
     pub(crate) fn new(
         ledger: Arc<Ledger>,
-        user: String,
+        user: User,
         tier: Arc<TierEntry>,
         route: Option<(Method, RouteKey)>,
         state: ChargeState,
@@ -233,7 +233,7 @@ impl Charge {
         let tiers = &self.ledger.tiers;
         if declared < charged {
             let excess = charged - declared;
-            match tiers.give_back(&self.user, &self.tier, excess).await {
+            match tiers.give_back(self.user.id(), &self.tier, excess).await {
                 Ok(()) => {
                     let mut state = self.lock();
                     state.charged = declared;
@@ -267,7 +267,7 @@ impl Charge {
                         // Let through, consuming nothing.
                         self.ledger
                             .refusals
-                            .shadow_limited(&self.user, declared, &limited);
+                            .shadow_limited(self.user.as_str(), declared, &limited);
                         let mut state = self.lock();
                         state.source = Source::Edge;
                         state.outcome = Outcome::Shadowed(limited);
@@ -275,13 +275,18 @@ impl Charge {
                     }
                     Ok(Err(limited)) => {
                         self.refuse();
-                        Err(self.ledger.refusals.limited(&self.user, declared, &limited))
+                        Err(self
+                            .ledger
+                            .refusals
+                            .limited(self.user.as_str(), declared, &limited))
                     }
                     Err(error @ CheckError::CostExceedsLimit { .. }) if self.ledger.shadowed(&self.tier) => {
-                        let _ =
-                            self.ledger
-                                .refusals
-                                .check_failed(&self.user, &self.tier.name, declared, &error);
+                        let _ = self.ledger.refusals.check_failed(
+                            self.user.as_str(),
+                            &self.tier.name,
+                            declared,
+                            &error,
+                        );
                         let mut state = self.lock();
                         state.source = Source::Edge;
                         state.outcome = Outcome::Bypass;
@@ -290,10 +295,12 @@ impl Charge {
                     Err(CheckError::Storage(error)) => self.storage_failed(&error, 0).await,
                     Err(error) => {
                         self.refuse();
-                        Err(self
-                            .ledger
-                            .refusals
-                            .check_failed(&self.user, &self.tier.name, declared, &error))
+                        Err(self.ledger.refusals.check_failed(
+                            self.user.as_str(),
+                            &self.tier.name,
+                            declared,
+                            &error,
+                        ))
                     }
                 }
             }
@@ -301,7 +308,7 @@ impl Charge {
     }
 
     async fn charge(&self, cost: u32) -> crate::tier::CheckResult {
-        match self.ledger.tiers.begin(&self.user, &self.tier, cost, false) {
+        match self.ledger.tiers.begin(self.user.id(), &self.tier, cost, false) {
             Begun::Asked(decide) => check_result(&self.tier, decide.await),
             Begun::Answered(answered) => answered,
         }
@@ -310,7 +317,7 @@ impl Charge {
     /// Gives `units` back from the response's way out: at once when the
     /// storage decides at once, else in a task of its own.
     fn give_back_now(&self, units: u32) {
-        let Some(refund) = self.ledger.tiers.start_refund(&self.user, &self.tier, units) else {
+        let Some(refund) = self.ledger.tiers.start_refund(self.user.id(), &self.tier, units) else {
             return;
         };
         match refund.into_ready() {
@@ -334,7 +341,12 @@ impl Charge {
     }
 
     async fn give_back(&self, units: u32) {
-        if let Err(e) = self.ledger.tiers.give_back(&self.user, &self.tier, units).await {
+        if let Err(e) = self
+            .ledger
+            .tiers
+            .give_back(self.user.id(), &self.tier, units)
+            .await
+        {
             self.ledger.refusals.refund_failed(&e);
         }
     }
@@ -354,7 +366,7 @@ impl Charge {
         match self
             .ledger
             .refusals
-            .storage_failed(&self.user, &self.tier.name, error)
+            .storage_failed(self.user.as_str(), &self.tier.name, error)
         {
             None => {
                 let mut state = self.lock();
@@ -383,7 +395,7 @@ impl Charge {
 impl fmt::Debug for Charge {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Charge")
-            .field("user", &self.ledger.refusals.pseudonyms.of(&self.user))
+            .field("user", &self.ledger.refusals.pseudonyms.of(self.user.as_str()))
             .field("state", &*self.lock())
             .finish_non_exhaustive()
     }

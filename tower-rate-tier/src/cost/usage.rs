@@ -32,7 +32,7 @@ impl Charge {
         let tiers = &self.ledger.tiers;
         let refusals = &self.ledger.refusals;
         let shadowed = self.ledger.shadowed(&self.tier);
-        let decided = match tiers.start_usage(&self.user, &self.tier, unit, Amount::Charge(n)) {
+        let decided = match tiers.start_usage(self.user.id(), &self.tier, unit, Amount::Charge(n)) {
             Ok(None) => return Ok(()),
             Ok(Some(decide)) => check_result(&self.tier, decide.await),
             Err(error) => Err(error),
@@ -43,7 +43,7 @@ impl Charge {
                 Ok(())
             }
             Ok(Err(limited)) if shadowed => {
-                refusals.shadow_limited(&self.user, n, &limited);
+                refusals.shadow_limited(self.user.as_str(), n, &limited);
                 Ok(())
             }
             Ok(Err(limited)) => {
@@ -51,17 +51,17 @@ impl Charge {
                 // given back (the refusal's mark does that on the way out)
                 let charged = self.lock().charged;
                 let limited = limited.with_requests_refunded(charged);
-                Err(refusals.limited(&self.user, n, &limited))
+                Err(refusals.limited(self.user.as_str(), n, &limited))
             }
             Err(CheckError::Storage(error)) => {
-                match refusals.storage_failed(&self.user, &self.tier.name, &error) {
+                match refusals.storage_failed(self.user.as_str(), &self.tier.name, &error) {
                     // let through (fail open): nothing reserved
                     None => Ok(()),
                     Some(refusal) => Err(refusal),
                 }
             }
             Err(error) => {
-                let refusal = refusals.check_failed(&self.user, &self.tier.name, n, &error);
+                let refusal = refusals.check_failed(self.user.as_str(), &self.tier.name, n, &error);
                 if shadowed { Ok(()) } else { Err(refusal) }
             }
         }
@@ -76,14 +76,15 @@ impl Charge {
         match self
             .ledger
             .tiers
-            .start_usage(&self.user, &self.tier, unit, amount)
+            .start_usage(self.user.id(), &self.tier, unit, amount)
         {
             Ok(None) => {}
             Ok(Some(decide)) => self.settled(unit, used, decide),
-            Err(error) => self
-                .ledger
-                .refusals
-                .usage_lost(&self.user, &self.tier.name, unit, used, &error),
+            Err(error) => {
+                self.ledger
+                    .refusals
+                    .usage_lost(self.user.as_str(), &self.tier.name, unit, used, &error)
+            }
         }
     }
 
@@ -100,11 +101,13 @@ impl Charge {
                     let units = tier.unit(&unit).map_or(0, |bands| forgiven(bands, &decision));
                     ledger
                         .refusals
-                        .usage_recorded(&user, &tier.name, &unit, used, units);
+                        .usage_recorded(user.as_str(), &tier.name, &unit, used, units);
                 }
                 Err(error) => {
                     let error = CheckError::Storage(error);
-                    ledger.refusals.usage_lost(&user, &tier.name, &unit, used, &error);
+                    ledger
+                        .refusals
+                        .usage_lost(user.as_str(), &tier.name, &unit, used, &error);
                 }
             }
         };
@@ -121,7 +124,7 @@ impl Charge {
                     ));
                     self.ledger
                         .refusals
-                        .usage_lost(&self.user, &self.tier.name, unit, used, &error);
+                        .usage_lost(self.user.as_str(), &self.tier.name, unit, used, &error);
                 }
             },
         }
@@ -136,7 +139,7 @@ impl Charge {
         if let Ok(Some(decide)) =
             self.ledger
                 .tiers
-                .start_usage(&self.user, &self.tier, unit, Amount::Refund(back))
+                .start_usage(self.user.id(), &self.tier, unit, Amount::Refund(back))
         {
             self.settled(unit, 0, decide);
         }
@@ -150,7 +153,7 @@ impl Charge {
         };
         self.ledger
             .refusals
-            .usage_lost(&self.user, &self.tier.name, unit, used, &error);
+            .usage_lost(self.user.as_str(), &self.tier.name, unit, used, &error);
     }
 
     fn add_reserved(&self, unit: &str, n: u32) {

@@ -16,7 +16,7 @@ use crate::problem::problem;
 use crate::refusal::Refusals;
 use crate::slot::SlotGuard;
 use crate::storage::{Decide, DecisionSource, StorageError, StorageErrorKind};
-use crate::tier::{Begun, CheckError, CheckResult, MAX_USER_ID_LEN, TierEntry, check_result};
+use crate::tier::{Begun, CheckError, CheckResult, TierEntry, User, check_result};
 
 /// The key `ClientAddrs::anonymous_key` gives an unidentified client
 /// without a peer address (`limit/tests.rs` checks the two agree).
@@ -51,7 +51,7 @@ fn own_quotas(tier: Arc<TierEntry>, own: &OwnQuotas, refusals: &Refusals) -> Arc
 fn attach(
     config: &Arc<LayerConfig>,
     head: &mut impl Head,
-    user: String,
+    user: User,
     tier: Arc<TierEntry>,
     route: Option<(Method, RouteKey)>,
     state: ChargeState,
@@ -121,7 +121,7 @@ impl<B> Head for Request<B> {
 
 /// Who pays how much, before the storage is asked.
 pub(crate) struct Bill {
-    user: String,
+    user: User,
     pub(crate) tier: Arc<TierEntry>,
     cost: u32,
     source: Source,
@@ -177,7 +177,11 @@ pub(crate) enum Decided {
 
 /// Asks the storage to decide the bill.
 pub(crate) fn decide(config: &LayerConfig, bill: &Bill) -> Decided {
-    match config.ledger.tiers.begin(&bill.user, &bill.tier, bill.cost, true) {
+    match config
+        .ledger
+        .tiers
+        .begin(bill.user.id(), &bill.tier, bill.cost, true)
+    {
         Begun::Answered(answered) => Decided::Now(answered),
         Begun::Asked(decide) => match decide.into_ready() {
             Ok(decision) => Decided::Now(check_result(&bill.tier, decision)),
@@ -192,28 +196,28 @@ pub(crate) fn bill(
     head: &mut impl Head,
     identity: Option<TierIdentity>,
 ) -> Result<Bill, Admission> {
-    // Ids starting with the anonymous prefix are refused, so that no
-    // identifier can hand a client another address's bucket.
-    let identity = identity.filter(|i| {
-        !i.user_id.is_empty()
-            && i.user_id.len() <= MAX_USER_ID_LEN
-            && !i.user_id.starts_with(ANONYMOUS_PREFIX)
+    // The user id is checked here, once. Ids starting with the anonymous
+    // prefix are refused, so that no identifier can hand a client another
+    // address's bucket.
+    let checked = identity.and_then(|mut identity| {
+        let user = User::new(std::mem::take(&mut identity.user_id))?;
+        (!user.as_str().starts_with(ANONYMOUS_PREFIX)).then_some((user, identity))
     });
-    let (user, tier) = match identity {
-        Some(identity) => {
+    let (user, tier) = match checked {
+        Some((user, identity)) => {
             let tier = match config
                 .ledger
                 .tiers
                 .resolve_hinted(&identity.tier, identity.tier_hint())
             {
                 Some(tier) => tier,
-                None => unknown_tier(config, head, &identity)?,
+                None => unknown_tier(config, head, &user, &identity)?,
             };
             let tier = match identity.own_quotas() {
                 Some(own) => own_quotas(tier, own, &config.ledger.refusals),
                 None => tier,
             };
-            (identity.user_id, tier)
+            (user, tier)
         }
         None => unidentified(config, head)?,
     };
@@ -265,7 +269,7 @@ pub(crate) fn admission(
     if let Ok(decided) = &result {
         let source = decided.as_ref().map_or_else(|l| l.source(), |i| i.source());
         if source == DecisionSource::Overflow {
-            config.ledger.refusals.overflow(&user, &tier.name);
+            config.ledger.refusals.overflow(user.as_str(), &tier.name);
         }
         if !tier.unlimited {
             config.ledger.refusals.decided_by(source);
@@ -295,31 +299,38 @@ pub(crate) fn admission(
         }
         Ok(Err(limited)) if config.ledger.shadowed(&tier) => {
             // Shadow mode: reported, let through, nothing consumed.
-            config.ledger.refusals.shadow_limited(&user, cost, &limited);
+            config
+                .ledger
+                .refusals
+                .shadow_limited(user.as_str(), cost, &limited);
             let state = ChargeState::new(0, Source::Edge, Outcome::Shadowed(limited), learned);
             let charge = attach(config, head, user, tier, None, state);
             Admission::Pass(Some(charge), None)
         }
-        Ok(Err(limited)) => Admission::Refuse(config.ledger.refusals.limited(&user, cost, &limited)),
+        Ok(Err(limited)) => Admission::Refuse(config.ledger.refusals.limited(user.as_str(), cost, &limited)),
         Err(error @ CheckError::CostExceedsLimit { .. }) if config.ledger.shadowed(&tier) => {
             let _ = config
                 .ledger
                 .refusals
-                .check_failed(&user, &tier.name, cost, &error);
+                .check_failed(user.as_str(), &tier.name, cost, &error);
             bypass(head)
         }
         Err(CheckError::Storage(error)) => {
-            match config.ledger.refusals.storage_failed(&user, &tier.name, &error) {
+            match config
+                .ledger
+                .refusals
+                .storage_failed(user.as_str(), &tier.name, &error)
+            {
                 None => bypass(head),
                 Some(refusal) => Admission::Refuse(refusal),
             }
         }
-        Err(error) => Admission::Refuse(
-            config
-                .ledger
-                .refusals
-                .check_failed(&user, &tier.name, cost, &error),
-        ),
+        Err(error) => Admission::Refuse(config.ledger.refusals.check_failed(
+            user.as_str(),
+            &tier.name,
+            cost,
+            &error,
+        )),
     }
 }
 
@@ -387,12 +398,13 @@ fn route_key(_head: &impl Head) -> Option<(http::Method, RouteKey)> {
 fn unknown_tier(
     config: &Arc<LayerConfig>,
     head: &mut impl Head,
+    user: &User,
     identity: &TierIdentity,
 ) -> Result<Arc<TierEntry>, Admission> {
     config
         .ledger
         .refusals
-        .unknown_tier(&identity.user_id, &identity.tier, &config.on_unknown_tier);
+        .unknown_tier(user.as_str(), &identity.tier, &config.on_unknown_tier);
     #[cfg(feature = "metrics")]
     if let Some(counters) = &config.metrics {
         counters.unknown_tier(
@@ -420,7 +432,7 @@ fn unknown_tier(
 fn unidentified(
     config: &Arc<LayerConfig>,
     head: &mut impl Head,
-) -> Result<(String, Arc<TierEntry>), Admission> {
+) -> Result<(User, Arc<TierEntry>), Admission> {
     let tiers = &config.ledger.tiers;
     tracing::debug!(target: "tower_rate_tier", policy = ?tiers.on_missing(), "client not identified");
     config.ledger.refusals.event(&RateLimitEvent::Unidentified);
@@ -437,6 +449,8 @@ fn unidentified(
                 if user == NO_ADDRESS_KEY {
                     warn_no_address(config);
                 }
+                // an address key is at most `\0ip:` and an IPv6 prefix
+                let user = User::new(user).ok_or_else(|| bypass(head))?;
                 Ok((user, tier))
             }
             None => Err(Admission::Refuse(problem(

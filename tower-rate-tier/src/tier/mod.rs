@@ -54,6 +54,7 @@ mod outcome;
 mod table;
 mod units;
 mod usage;
+mod user;
 
 pub use builder::{BuildError, DEFAULT_CONCURRENCY_LEASE, RateTierBuilder};
 pub use name::{IntoTierName, ParseTierError, TierTable};
@@ -62,6 +63,7 @@ pub(crate) use outcome::{Detail, outcome};
 pub use units::MAX_REQUEST_BANDS;
 pub(crate) use units::{UnitBands, UnitQuotas};
 pub(crate) use usage::{forgiven, settlement};
+pub(crate) use user::{User, UserId};
 
 /// One configured tier, shared by the [`RateTier`] and the outcomes of its
 /// checks.
@@ -134,6 +136,9 @@ impl RateTier {
         let entry = table
             .find(tier)
             .ok_or_else(|| CheckError::UnknownTier(tier.to_owned()))?;
+        let Some(user) = UserId::new(user) else {
+            return self.invalid_user(entry);
+        };
         match self.begin(user, entry, cost, false) {
             Begun::Asked(decide) => match decide.into_ready() {
                 Ok(decision) => check_result(entry, decision),
@@ -153,6 +158,10 @@ impl RateTier {
         let entry = self
             .resolve(tier)
             .ok_or_else(|| CheckError::UnknownTier(tier.to_owned()))?;
+        // a user id the limiter never counts has nothing to give back
+        let Some(user) = UserId::new(user) else {
+            return Ok(());
+        };
         self.give_back(user, &entry, cost).await
     }
 
@@ -242,25 +251,21 @@ impl RateTier {
     }
 
     /// Starts charging `cost` to `user` in `tier`: the storage's answer, or
-    /// the outcome when it is known without asking (unlimited tier, invalid
-    /// user id, a cost above the burst). With
+    /// the outcome when it is known without asking (an unlimited tier, a
+    /// cost above the burst). With
     /// `slot`, a tier with a concurrency limit also takes one of the user's
     /// slots, in the same decision (the admission carries its lease).
     #[inline]
     pub(crate) fn begin<'a>(
         &'a self,
-        user: &'a str,
+        user: UserId<'a>,
         tier: &'a Arc<TierEntry>,
         cost: u32,
         slot: bool,
     ) -> Begun {
         let slots = tier.concurrency.filter(|_| slot);
-        if (tier.unlimited && slots.is_none() && tier.units.is_empty())
-            || user.is_empty()
-            || user.len() > MAX_USER_ID_LEN
-            || cost > tier.max_cost
-        {
-            return Begun::Answered(self.answer_early(tier, user, cost));
+        if (slots.is_none() && tier.counts_nothing()) || cost > tier.max_cost {
+            return Begun::Answered(self.answer_early(tier, cost));
         }
         let op = match slots {
             Some(limit) => tier.acquire(
@@ -276,12 +281,17 @@ impl RateTier {
     }
 
     /// Gives back the slot of `lease` that `user` took in `tier`.
-    pub(crate) fn release(&self, user: &str, tier: &TierEntry, lease: Lease) -> Decide {
+    pub(crate) fn release(&self, user: UserId<'_>, tier: &TierEntry, lease: Lease) -> Decide {
         self.decide(user, tier, Op::Release(lease))
     }
 
     /// Gives `cost` back to `user` in `tier`.
-    pub(crate) async fn give_back(&self, user: &str, tier: &TierEntry, cost: u32) -> Result<(), CheckError> {
+    pub(crate) async fn give_back(
+        &self,
+        user: UserId<'_>,
+        tier: &TierEntry,
+        cost: u32,
+    ) -> Result<(), CheckError> {
         if let Some(refund) = self.start_refund(user, tier, cost) {
             refund.await?;
         }
@@ -290,16 +300,17 @@ impl RateTier {
 
     /// Starts giving `cost` back to `user` in `tier`; `None` when there is
     /// nothing to give back.
-    pub(crate) fn start_refund(&self, user: &str, tier: &TierEntry, cost: u32) -> Option<Decide> {
-        if tier.unlimited || cost == 0 || user.is_empty() || user.len() > MAX_USER_ID_LEN {
+    pub(crate) fn start_refund(&self, user: UserId<'_>, tier: &TierEntry, cost: u32) -> Option<Decide> {
+        if tier.unlimited || cost == 0 {
             return None;
         }
         Some(self.decide(user, tier, tier.refund(cost)))
     }
 
     #[inline]
-    fn decide(&self, user: &str, tier: &TierEntry, op: Op) -> Decide {
-        tier.scope.decide(user, &tier.decided, op, &self.inner.clock)
+    fn decide(&self, user: UserId<'_>, tier: &TierEntry, op: Op) -> Decide {
+        tier.scope
+            .decide(user.as_str(), &tier.decided, op, &self.inner.clock)
     }
 
     /// What prepares the tiers of this configuration.
@@ -310,18 +321,27 @@ impl RateTier {
     /// The outcome of a check that [`RateTier::begin`] answers itself.
     #[cold]
     #[inline(never)]
-    fn answer_early(&self, tier: &Arc<TierEntry>, user: &str, cost: u32) -> CheckResult {
-        if tier.unlimited {
+    fn answer_early(&self, tier: &Arc<TierEntry>, cost: u32) -> CheckResult {
+        if tier.counts_nothing() {
             return Ok(Ok(RateLimitInfo::unlimited(tier, self.inner.clock.now())));
-        }
-        if user.is_empty() || user.len() > MAX_USER_ID_LEN {
-            return Err(CheckError::InvalidUserId);
         }
         Err(CheckError::CostExceedsLimit {
             tier: tier.name.to_string(),
             cost,
             limit: tier.max_cost,
         })
+    }
+}
+
+impl RateTier {
+    /// The answer to a check of a user id the limiter does not count: an
+    /// error, but for a tier that counts nothing.
+    #[cold]
+    fn invalid_user(&self, tier: &Arc<TierEntry>) -> CheckResult {
+        if tier.counts_nothing() {
+            return Ok(Ok(RateLimitInfo::unlimited(tier, self.inner.clock.now())));
+        }
+        Err(CheckError::InvalidUserId)
     }
 }
 

@@ -26,7 +26,7 @@
 //! # }
 //! ```
 
-use super::{CheckError, CheckResult, MAX_USER_ID_LEN, RateTier, TierEntry, UnitBands, check_result};
+use super::{CheckError, CheckResult, RateTier, TierEntry, UnitBands, UserId, check_result};
 use crate::storage::{Amount, Decide, Decision};
 
 impl RateTier {
@@ -37,6 +37,7 @@ impl RateTier {
     /// of 0 changes nothing. An unknown tier or unit is an error, and so is
     /// a storage failure (nothing recorded).
     pub async fn record(&self, user: &str, tier: &str, unit: &str, n: u32) -> Result<(), CheckError> {
+        let user = UserId::new(user).ok_or(CheckError::InvalidUserId)?;
         let table = self.inner.table.load();
         let entry = table
             .find(tier)
@@ -67,6 +68,7 @@ impl RateTier {
     /// could never fit: [`CheckError::CostExceedsLimit`].
     pub async fn reserve(&self, user: &str, tier: &str, unit: &str, n: u32) -> CheckResult {
         let entry = self.unit_tier(tier, unit)?;
+        let user = UserId::new(user).ok_or(CheckError::InvalidUserId)?;
         match self.start_usage(user, &entry, unit, Amount::Charge(n))? {
             Some(decide) => check_result(&entry, decide.await),
             None => Ok(Ok(super::RateLimitInfo::unlimited(
@@ -88,6 +90,7 @@ impl RateTier {
         used: u32,
     ) -> Result<(), CheckError> {
         let entry = self.unit_tier(tier, unit)?;
+        let user = UserId::new(user).ok_or(CheckError::InvalidUserId)?;
         if let Some(decide) = self.start_usage(user, &entry, unit, settlement(reserved, used))? {
             decide.await?;
         }
@@ -110,11 +113,11 @@ impl RateTier {
 
     /// Starts doing `amount` to the bands of `unit` of `user` in `tier`;
     /// `None` when there is nothing to do (an amount of 0). A charge above
-    /// the unit's smallest burst could never fit, and an invalid user id or
-    /// an unknown unit is refused.
+    /// the unit's smallest burst could never fit, and an unknown unit is
+    /// refused.
     pub(crate) fn start_usage(
         &self,
-        user: &str,
+        user: UserId<'_>,
         tier: &TierEntry,
         unit: &str,
         amount: Amount,
@@ -125,9 +128,6 @@ impl RateTier {
                 unit: unit.to_owned(),
             });
         };
-        if user.is_empty() || user.len() > MAX_USER_ID_LEN {
-            return Err(CheckError::InvalidUserId);
-        }
         match amount {
             Amount::Charge(0) | Amount::Force(0) | Amount::Refund(0) => return Ok(None),
             Amount::Charge(n) if n > bands.max => {
@@ -141,7 +141,7 @@ impl RateTier {
         }
         let op = tier.on_unit(bands, amount);
         Ok(Some(tier.scope.decide(
-            user,
+            user.as_str(),
             &tier.decided,
             op,
             &self.inner.clock,
