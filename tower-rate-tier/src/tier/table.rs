@@ -137,7 +137,9 @@ impl TierEntry {
         preparer: &Arc<Preparer>,
         scope: impl FnOnce(&str) -> Arc<dyn TierScope>,
     ) -> Result<TierEntry, BuildError> {
-        if name.is_empty() || name.len() > 255 {
+        // no control character: the tier's own-quota state is kept under
+        // its name and one (`TierEntry::own_scope`)
+        if name.is_empty() || name.len() > 255 || name.chars().any(char::is_control) {
             return Err(BuildError::InvalidName(name.into_owned()));
         }
         if bands.is_empty() {
