@@ -32,8 +32,7 @@ pub enum BuildError {
     NoBands(String),
     /// A tier has more than [`MAX_REQUEST_BANDS`] request bands.
     TooManyBands(String),
-    /// A tier name is empty, or the namespace or a tier name is longer than
-    /// 255 bytes or holds a control character.
+    /// A tier name or the namespace is empty or longer than 255 bytes.
     InvalidName(String),
     /// A tier given to `shadow_tier` is not configured.
     UnknownShadowTier(String),
@@ -99,7 +98,7 @@ impl fmt::Display for BuildError {
             BuildError::InvalidName(t) => {
                 write!(
                     f,
-                    "`{t}` is not a valid tier name or namespace (1 to 255 bytes, no control characters; the namespace may be empty)"
+                    "`{t}` is not a valid tier name or namespace (1 to 255 bytes; the namespace may be empty)"
                 )
             }
         }
@@ -298,7 +297,7 @@ impl RateTierBuilder {
         if self.tiers.is_empty() {
             return Err(BuildError::NoTiers);
         }
-        if self.namespace.len() > 255 || self.namespace.chars().any(char::is_control) {
+        if self.namespace.len() > 255 {
             return Err(BuildError::InvalidName(self.namespace));
         }
         let storage = self.storage.unwrap_or_else(|| Arc::new(MemoryStorage::new()));

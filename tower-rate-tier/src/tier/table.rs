@@ -137,9 +137,7 @@ impl TierEntry {
         preparer: &Arc<Preparer>,
         scope: impl FnOnce(&str) -> Arc<dyn TierScope>,
     ) -> Result<TierEntry, BuildError> {
-        // no control character: the tier's own-quota state is kept under
-        // its name and one (`TierEntry::own_scope`)
-        if name.is_empty() || name.len() > 255 || name.chars().any(char::is_control) {
+        if name.is_empty() || name.len() > 255 {
             return Err(BuildError::InvalidName(name.into_owned()));
         }
         if bands.is_empty() {
