@@ -271,3 +271,25 @@ fn a_tier_table_brings_its_units() {
     assert_eq!(tiers.units("team"), ["content-bytes"]);
     assert_eq!(tiers.quotas("team"), Some(vec![Quota::unlimited()]));
 }
+
+#[tokio::test]
+async fn adding_a_unit_at_run_time_keeps_the_users_request_state_in_memory() {
+    let clock = FakeClock::new();
+    let tiers = RateTier::builder()
+        .tier("free", Quota::per_hour(2))
+        .clock(clock.clone())
+        .build();
+    for _ in 0..2 {
+        assert!(tiers.check("ada", "free", 1).await.unwrap().is_ok());
+    }
+    assert!(tiers.check("ada", "free", 1).await.unwrap().is_err());
+    tiers
+        .set_tier_unit("free", "tokens", Some(vec![Quota::per_minute(1_000)]))
+        .unwrap();
+    // the request band's state moved with the key: still spent
+    let refused = tiers.check("ada", "free", 1).await.unwrap().unwrap_err();
+    assert_eq!(refused.retry_after, Duration::from_secs(1_800));
+    // and removed again: still there
+    tiers.set_tier_unit("free", "tokens", None).unwrap();
+    assert!(tiers.check("ada", "free", 1).await.unwrap().is_err());
+}

@@ -526,3 +526,33 @@ async fn usage_that_a_failed_write_could_not_record_is_reported_as_lost() {
         Err(tower_rate_tier::CheckError::Storage(_))
     ));
 }
+
+#[tokio::test]
+async fn a_program_record_with_the_tiers_bands_keeps_a_contracts_own_unit_state() {
+    let clock = FakeClock::new();
+    let tiers = tiers(&clock);
+    async fn reserve_all(usage: TierUsage) -> Result<&'static str, TierRefusal> {
+        usage.reserve("tokens", 10_000).await?;
+        Ok("ok")
+    }
+    let app =
+        Router::new()
+            .route("/", get(reserve_all))
+            .layer(
+                TierLimitLayer::new(tiers.clone()).identifier_fn(|h: &http::HeaderMap| {
+                    Some(header_identity(h)?.with_unit_quotas("tokens", Quota::per_hour(10_000)))
+                }),
+            );
+    assert_eq!(send(&app, get_as("acme", "/")).await.status, StatusCode::OK);
+    assert_eq!(
+        send(&app, get_as("acme", "/")).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // a decision of the same user with the tier's token band (another
+    // window) leaves the contract's band as it was
+    tiers.record("acme", "free", "tokens", 1).await.unwrap();
+    assert_eq!(
+        send(&app, get_as("acme", "/")).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}

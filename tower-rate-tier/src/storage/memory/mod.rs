@@ -17,6 +17,7 @@ use crate::clock::{Clock, Nanos};
 use crate::quota::Quota;
 
 mod gc;
+mod multi;
 mod overflow;
 mod scope;
 mod slots;
@@ -267,38 +268,6 @@ impl fmt::Debug for MemoryScope {
     }
 }
 
-/// The stored TATs of `bands`, by band name; `None` for a band without one.
-fn lookup(stored: &Tats, names: &[BandName]) -> [Option<Nanos>; MAX_BANDS] {
-    let mut tats = [None; MAX_BANDS];
-    for (tat, name) in tats.iter_mut().zip(names) {
-        *tat = stored.iter().find(|(n, _)| n == name).map(|&(_, t)| t);
-    }
-    tats
-}
-
-/// `tats` under `names`, a band at a fresh state kept as an expired time
-/// (the GC removes the key once every band has expired).
-fn store(names: &[BandName], tats: &[Option<Nanos>], now: Nanos) -> Tats {
-    names
-        .iter()
-        .zip(tats)
-        .map(|(&n, tat)| (n, tat.unwrap_or(now)))
-        .collect()
-}
-
-/// Writes `tats` under `names` into `stored`: in place when it holds the
-/// same bands in the same order (no allocation), else anew.
-fn store_into(stored: &mut Tats, names: &[BandName], tats: &[Option<Nanos>], now: Nanos) {
-    let same = stored.len() == names.len() && stored.iter().zip(names).all(|((n, _), name)| n == name);
-    if !same {
-        *stored = store(names, tats, now);
-        return;
-    }
-    for ((_, kept), tat) in stored.iter_mut().zip(tats) {
-        *kept = tat.unwrap_or(now);
-    }
-}
-
 impl Inner {
     /// Carries out `op` for `user` in `scope`.
     #[inline]
@@ -407,66 +376,6 @@ impl Inner {
                 let decision = super::decide_bands(&mut tat, now, bands, op);
                 e.insert(tat[0].unwrap_or(now));
                 Ok(decision)
-            }
-        }
-    }
-
-    /// Bands under their names (a tier of several bands, or one band the
-    /// scope's `single` map does not hold), all decided under the key's one
-    /// lock.
-    fn decide_many(
-        &self,
-        scope: &Scope,
-        user: &str,
-        bands: &[Quota],
-        op: Op,
-        clock: &Arc<dyn Clock>,
-    ) -> Result<Decision, StorageError> {
-        let mut names = [BandName::default(); MAX_BANDS];
-        for (slot, name) in names.iter_mut().zip(super::band_names(bands)) {
-            *slot = name;
-        }
-        let names = &names[..bands.len()];
-        let n = bands.len();
-        // The decision over the stored state (none for a new key), and the
-        // state to keep (none when every band is fresh).
-        let apply = |stored: Option<&Tats>, now: Nanos| {
-            let mut tats = stored.map_or([None; MAX_BANDS], |s| lookup(s, names));
-            let decision = super::decide_bands(&mut tats[..n], now, bands, op);
-            let keep = tats[..n].iter().any(Option::is_some);
-            (decision, keep.then(|| store(names, &tats[..n], now)))
-        };
-        {
-            if let Some(mut stored) = scope.multi.get_mut(user) {
-                let now = clock.now();
-                let mut tats = lookup(&stored, names);
-                let decision = super::decide_bands(&mut tats[..n], now, bands, op);
-                // a band fresh again (a refund) is kept expired, for the GC
-                store_into(&mut stored, names, &tats[..n], now);
-                return Ok(decision);
-            }
-            let now = clock.now();
-            let (decision, new) = apply(None, now);
-            if new.is_none() {
-                return Ok(decision);
-            }
-            if !self.reserve_slot(now) {
-                return Ok(self.decide_overflow(scope.key(user), bands, op, clock));
-            }
-            match scope.multi.entry(Box::from(user)) {
-                Entry::Occupied(mut e) => {
-                    self.len.fetch_sub(1, Ordering::Relaxed);
-                    let now = clock.now();
-                    let (decision, new) = apply(Some(e.get()), now);
-                    *e.get_mut() = new.unwrap_or_else(|| store(names, &[None; MAX_BANDS][..n], now));
-                    Ok(decision)
-                }
-                Entry::Vacant(e) => {
-                    let now = clock.now();
-                    let (decision, new) = apply(None, now);
-                    e.insert(new.unwrap_or_else(|| store(names, &[None; MAX_BANDS][..n], now)));
-                    Ok(decision)
-                }
             }
         }
     }

@@ -23,7 +23,8 @@
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError};
 
-use super::{Inner, Tats, lookup, store};
+use super::multi::{lookup, store};
+use super::{Inner, Tats};
 use crate::clock::{Clock, Nanos};
 use crate::quota::Quota;
 use crate::storage::{Amount, BandName, Decision, DecisionSource, MAX_BANDS, Op, StorageKey};

@@ -68,6 +68,17 @@ impl Scope {
         }
     }
 
+    /// The name of the band whose times `single` holds, if one claimed it.
+    pub(super) fn single_name(&self) -> Option<crate::storage::BandName> {
+        match self.single_window.load(Ordering::Relaxed) {
+            0 => None,
+            tag => Some(crate::storage::BandName {
+                window_ms: tag - 1,
+                ..Default::default()
+            }),
+        }
+    }
+
     /// Whether it holds no key and no slot set.
     fn is_empty(&self) -> bool {
         self.single.is_empty() && self.multi.is_empty() && self.slots.is_empty()

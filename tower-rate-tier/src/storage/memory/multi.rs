@@ -1,0 +1,149 @@
+//! The memory storage's keys of several bands: each band's time under
+//! its [stable name](crate::storage::band_names), all decided under the
+//! key's one lock.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use dashmap::mapref::entry::Entry;
+
+use super::scope::Scope;
+use super::{Inner, Tats};
+use crate::clock::{Clock, Nanos};
+use crate::quota::Quota;
+use crate::storage::{BandName, Decision, MAX_BANDS, Op, StorageError};
+
+/// The stored TATs of `bands`, by band name; `None` for a band without one.
+pub(super) fn lookup(stored: &Tats, names: &[BandName]) -> [Option<Nanos>; MAX_BANDS] {
+    let mut tats = [None; MAX_BANDS];
+    for (tat, name) in tats.iter_mut().zip(names) {
+        *tat = stored.iter().find(|(n, _)| n == name).map(|&(_, t)| t);
+    }
+    tats
+}
+
+/// `tats` under `names`, a band at a fresh state kept as an expired time
+/// (the GC removes the key once every band has expired).
+pub(super) fn store(names: &[BandName], tats: &[Option<Nanos>], now: Nanos) -> Tats {
+    names
+        .iter()
+        .zip(tats)
+        .map(|(&n, tat)| (n, tat.unwrap_or(now)))
+        .collect()
+}
+
+/// The most band states one key keeps: the bands of its decisions, and
+/// those of other decisions (another band set of the same user: a
+/// contract's own unit bands, a program's record with the tier's) while
+/// they are live.
+const MAX_STORED: usize = 2 * MAX_BANDS;
+
+/// Writes `tats` under `names` into `stored`: in place when it holds the
+/// same bands in the same order (no allocation), else merged: the bands of
+/// this decision, and the stored bands of others whose times have not
+/// passed (so that one band set's decision never wipes another's state),
+/// at most [`MAX_STORED`].
+fn store_into(stored: &mut Tats, names: &[BandName], tats: &[Option<Nanos>], now: Nanos) {
+    let same = stored.len() == names.len() && stored.iter().zip(names).all(|((n, _), name)| n == name);
+    if same {
+        for ((_, kept), tat) in stored.iter_mut().zip(tats) {
+            *kept = tat.unwrap_or(now);
+        }
+        return;
+    }
+    let others = stored
+        .iter()
+        .filter(|(name, tat)| *tat > now && !names.contains(name))
+        .copied();
+    *stored = names
+        .iter()
+        .zip(tats)
+        .map(|(&n, tat)| (n, tat.unwrap_or(now)))
+        .chain(others)
+        .take(MAX_STORED)
+        .collect();
+}
+
+/// `stored`, merged with a band a key kept in the scope's one-band map
+/// (the key moves from there the first time a decision of several bands
+/// meets it: a tier that gained a band or a unit keeps its request band's
+/// state).
+fn seeded(single: Option<(BandName, Nanos)>) -> Option<Tats> {
+    single.map(|kept| Box::new([kept]) as Tats)
+}
+
+impl Inner {
+    /// Bands under their names (a tier of several bands, or one band the
+    /// scope's `single` map does not hold), all decided under the key's one
+    /// lock.
+    pub(super) fn decide_many(
+        &self,
+        scope: &Scope,
+        user: &str,
+        bands: &[Quota],
+        op: Op,
+        clock: &Arc<dyn Clock>,
+    ) -> Result<Decision, StorageError> {
+        let mut names = [BandName::default(); MAX_BANDS];
+        for (slot, name) in names.iter_mut().zip(crate::storage::band_names(bands)) {
+            *slot = name;
+        }
+        let names = &names[..bands.len()];
+        let n = bands.len();
+        // The decision over the stored state (none for a new key), and the
+        // state to keep (none when every band is fresh).
+        let apply = |stored: Option<&Tats>, now: Nanos| {
+            let mut tats = stored.map_or([None; MAX_BANDS], |s| lookup(s, names));
+            let decision = crate::storage::decide_bands(&mut tats[..n], now, bands, op);
+            let keep = tats[..n].iter().any(Option::is_some);
+            (decision, keep.then(|| store(names, &tats[..n], now)))
+        };
+        {
+            if let Some(mut stored) = scope.multi.get_mut(user) {
+                let now = clock.now();
+                let mut tats = lookup(&stored, names);
+                let decision = crate::storage::decide_bands(&mut tats[..n], now, bands, op);
+                // a band fresh again (a refund) is kept expired, for the GC
+                store_into(&mut stored, names, &tats[..n], now);
+                return Ok(decision);
+            }
+            // a key of the one-band map whose band is one of these moves
+            // here with its state
+            let single = scope
+                .single_name()
+                .filter(|name| names.contains(name))
+                .and_then(|name| scope.single.get(user).map(|tat| (name, *tat)));
+            let now = clock.now();
+            let (decision, new) = apply(seeded(single).as_ref(), now);
+            if new.is_none() {
+                return Ok(decision);
+            }
+            if single.is_none() && !self.reserve_slot(now) {
+                return Ok(self.decide_overflow(scope.key(user), bands, op, clock));
+            }
+            let decision = match scope.multi.entry(Box::from(user)) {
+                Entry::Occupied(mut e) => {
+                    if single.is_none() {
+                        self.len.fetch_sub(1, Ordering::Relaxed);
+                    }
+                    let now = clock.now();
+                    let (decision, new) = apply(Some(e.get()), now);
+                    *e.get_mut() = new.unwrap_or_else(|| store(names, &[None; MAX_BANDS][..n], now));
+                    decision
+                }
+                Entry::Vacant(e) => {
+                    let now = clock.now();
+                    let (decision, new) = apply(seeded(single).as_ref(), now);
+                    e.insert(new.unwrap_or_else(|| store(names, &[None; MAX_BANDS][..n], now)));
+                    decision
+                }
+            };
+            if single.is_some() && scope.single.remove(user).is_none() {
+                // a sweep removed it meanwhile (and counted it): the key
+                // here is one more
+                self.len.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(decision)
+        }
+    }
+}
