@@ -556,3 +556,99 @@ async fn a_program_record_with_the_tiers_bands_keeps_a_contracts_own_unit_state(
         StatusCode::TOO_MANY_REQUESTS
     );
 }
+
+#[tokio::test]
+async fn a_reservation_that_could_never_fit_keeps_the_request_counted() {
+    let clock = FakeClock::new();
+    let tiers = RateTier::builder()
+        .tier("free", Quota::per_minute(2))
+        .tier_unit("free", "tokens", Quota::per_minute(1_000))
+        .clock(clock.clone())
+        .build();
+    let app = app(&tiers);
+    // above the burst: 403, and the request counts, so a client asking for
+    // too much reaches the handler no more often than the request bands allow
+    for _ in 0..2 {
+        assert_eq!(
+            send(&app, get_as("mallory", "/complete?reserve=1001"))
+                .await
+                .status,
+            StatusCode::FORBIDDEN
+        );
+    }
+    assert_eq!(
+        send(&app, get_as("mallory", "/complete?reserve=1001"))
+            .await
+            .status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
+#[tokio::test]
+async fn a_content_bytes_reservation_is_settled_when_the_body_is_never_read() {
+    let clock = FakeClock::new();
+    let tiers = tiers(&clock);
+    let app = Router::new()
+        .route(
+            "/file",
+            get(|usage: TierUsage| async move {
+                usage.reserve("content-bytes", 30).await?;
+                Ok::<_, TierRefusal>(vec![b'x'; 30])
+            }),
+        )
+        .layer(TierLimitLayer::new(tiers.clone()).identifier_fn(header_identity));
+    send(&app, get_as("ada", "/file")).await;
+    assert_eq!(left(&tiers, "ada", "content-bytes").await, 70);
+    let head = Request::head("/file")
+        .header("x-user", "ada")
+        .body(Body::empty())
+        .unwrap();
+    drop(app.clone().oneshot(head).await.unwrap());
+    assert_eq!(
+        left(&tiers, "ada", "content-bytes").await,
+        70,
+        "nothing read, nothing kept"
+    );
+}
+
+#[tokio::test]
+async fn a_contracts_invalid_unit_bands_leave_the_rest_of_the_contract() {
+    let clock = FakeClock::new();
+    let tiers = RateTier::builder()
+        .tier("free", Quota::per_minute(2))
+        .clock(clock.clone())
+        .build();
+    let app = Router::new().route("/", get(|| async { "ok" })).layer(
+        TierLimitLayer::new(tiers.clone()).identifier_fn(|h: &http::HeaderMap| {
+            Some(
+                header_identity(h)?
+                    .with_quotas(Quota::per_minute(100))
+                    .with_unit_quotas("Tokens", Quota::per_minute(5)),
+            )
+        }),
+    );
+    let mut ok = 0;
+    for _ in 0..10 {
+        ok += u32::from(send(&app, get_as("acme", "/")).await.status == StatusCode::OK);
+    }
+    assert_eq!(ok, 10, "the contract's own request band admits 100 a minute");
+}
+
+#[tokio::test]
+async fn a_reservation_of_nothing_reports_the_unit() {
+    let clock = FakeClock::new();
+    let tiers = tiers(&clock);
+    tiers
+        .reserve("ada", "free", "tokens", 300)
+        .await
+        .unwrap()
+        .unwrap();
+    let info = tiers.reserve("ada", "free", "tokens", 0).await.unwrap().unwrap();
+    assert_eq!((info.limit, info.remaining), (10, 10));
+    let tokens = info
+        .bands()
+        .find(|(q, _)| q.unit().as_str() == "tokens")
+        .unwrap()
+        .1;
+    assert_eq!(tokens.remaining, 700);
+}

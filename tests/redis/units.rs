@@ -280,3 +280,34 @@ async fn bad_usage_gets_a_clear_error_and_reaches_no_key() {
         assert_eq!(requests_left(refused.bands()), 10, "{config}");
     }
 }
+
+/// Two instances on one Redis, each with the default storage (deny cache
+/// on): a reservation refused while the other held the unit fits again
+/// once the other settles (the deny cache never answers a reservation).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reservation_refused_before_another_instance_settles_fits_after_it() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let instance = |storage| {
+        RateTier::builder()
+            .tier("free", DAY_100)
+            .tier_unit("free", "tokens", DAY_1000)
+            .storage(storage)
+            .build()
+    };
+    let connect = || {
+        RedisStorage::builder(server.url())
+            .prefix("settled-elsewhere")
+            .connect()
+    };
+    let a = instance(connect().await.unwrap());
+    let b = instance(connect().await.unwrap());
+    b.reserve("ada", "free", "tokens", 1_000).await.unwrap().unwrap();
+    assert!(a.reserve("ada", "free", "tokens", 500).await.unwrap().is_err());
+    b.settle("ada", "free", "tokens", 1_000, 0).await.unwrap();
+    a.reserve("ada", "free", "tokens", 500)
+        .await
+        .unwrap()
+        .expect("the units the other instance gave back");
+}

@@ -39,11 +39,10 @@ impl ContentMeter {
 }
 
 impl Drop for ContentMeter {
-    /// Charges what was counted (nothing for a body never read).
+    /// Charges what was counted (0 for a body never read, which settles a
+    /// handler's reservation of the unit, if any).
     fn drop(&mut self) {
-        if self.counted > 0 {
-            self.sink.content_bytes(self.counted);
-        }
+        self.sink.content_bytes(self.counted);
     }
 }
 

@@ -3,7 +3,7 @@
 use bytes::Bytes;
 use http::{Response, StatusCode};
 
-use crate::cost::Charges;
+use crate::cost::{Charges, Refused};
 
 /// A request's usage of its tier's units (tokens, points,
 /// any unit of [`RateTierBuilder::tier_unit`](crate::RateTierBuilder::tier_unit)),
@@ -15,9 +15,11 @@ use crate::cost::Charges;
 ///
 /// * [`reserve`](TierUsage::reserve) takes an estimate up front, and
 ///   refuses with a [`TierRefusal`] (the 429 the layer gives, with the
-///   unit's fields) when it does not fit. A refused reservation gives the
-///   request's own charge back: the response carries the limiter's refusal
-///   mark, so a refused request consumes nothing.
+///   unit's fields) when it does not fit. A reservation refused with 429
+///   gives the request's own charge back: the response carries the
+///   limiter's refusal mark, so a refused request consumes nothing. One
+///   above the unit's smallest burst, which could never fit, is a 403 that
+///   keeps the request counted.
 /// * [`record`](TierUsage::record) settles what was used: it gives back the
 ///   unused part of the reservation, or charges what exceeds it even beyond
 ///   what is left, putting the unit in debt of at most one burst of its
@@ -50,7 +52,10 @@ pub struct TierUsage {
 
 /// A refusal of a [`TierUsage`] call: the response to answer with (429
 /// with the unit's fields; 403 for an amount that could never fit; 500
-/// when no limiter counts the unit).
+/// when no limiter counts the unit). A 429 gives the request's own charge
+/// back (the request consumes nothing); a 403 keeps it (asking for more
+/// than a unit's burst is the client's error, and must not reach the
+/// handler more often than the request bands allow).
 #[derive(Debug)]
 pub struct TierRefusal {
     response: Response<Bytes>,
@@ -75,7 +80,7 @@ impl TierUsage {
     pub async fn reserve(&self, unit: &str, n: u32) -> Result<(), TierRefusal> {
         let mut taken = 0;
         for charge in self.charges.0.iter().flatten().filter(|c| c.counts(unit)) {
-            if let Err(response) = charge.reserve(unit, n).await {
+            if let Err(refused) = charge.reserve(unit, n).await {
                 // give back what the limiters before it took
                 for earlier in self
                     .charges
@@ -87,7 +92,7 @@ impl TierUsage {
                 {
                     earlier.unreserve(unit, n);
                 }
-                return Err(TierRefusal::new(response));
+                return Err(TierRefusal::from(refused));
             }
             taken += 1;
         }
@@ -121,6 +126,21 @@ impl TierUsage {
     /// Whether a limiter let the request through without counting it.
     fn let_through(&self) -> bool {
         self.charges.0.iter().any(Option::is_none)
+    }
+}
+
+impl From<Refused> for TierRefusal {
+    fn from(refused: Refused) -> Self {
+        if refused.counted {
+            // the request counts: no refusal mark, but no cache may keep it
+            let mut response = refused.response;
+            response
+                .headers_mut()
+                .entry(http::header::CACHE_CONTROL)
+                .or_insert(http::HeaderValue::from_static("no-store"));
+            return TierRefusal { response };
+        }
+        TierRefusal::new(refused.response)
     }
 }
 

@@ -18,6 +18,23 @@ use crate::quota::{CONTENT_BYTES, Unit};
 use crate::storage::{Amount, Decide, Decision, StorageError};
 use crate::tier::{CheckError, check_result, forgiven, settlement};
 
+/// A refused reservation: the response to answer with, and whether the
+/// request stays counted (else the response carries the limiter's refusal
+/// mark, and every limiter gives the request's charge back).
+pub(crate) struct Refused {
+    pub(crate) response: Response<Bytes>,
+    pub(crate) counted: bool,
+}
+
+impl Refused {
+    fn consuming_nothing(response: Response<Bytes>) -> Self {
+        Refused {
+            response,
+            counted: false,
+        }
+    }
+}
+
 impl Charge {
     /// Whether this charge's tier counts `unit`.
     pub(crate) fn counts(&self, unit: &str) -> bool {
@@ -28,7 +45,7 @@ impl Charge {
     /// with (429 with the unit's fields, or 403 when `n` could never fit).
     /// In shadow mode a would-be refusal is reported and let through,
     /// reserving nothing.
-    pub(crate) async fn reserve(&self, unit: &str, n: u32) -> Result<(), Response<Bytes>> {
+    pub(crate) async fn reserve(&self, unit: &str, n: u32) -> Result<(), Refused> {
         let tiers = &self.ledger.tiers;
         let refusals = &self.ledger.refusals;
         let shadowed = self.ledger.shadowed(&self.tier);
@@ -51,18 +68,33 @@ impl Charge {
                 // given back (the refusal's mark does that on the way out)
                 let charged = self.lock().charged;
                 let limited = limited.with_requests_refunded(charged);
-                Err(refusals.limited(self.user.as_str(), n, &limited))
+                Err(Refused::consuming_nothing(refusals.limited(
+                    self.user.as_str(),
+                    n,
+                    &limited,
+                )))
             }
             Err(CheckError::Storage(error)) => {
                 match refusals.storage_failed(self.user.as_str(), &self.tier.name, &error) {
                     // let through (fail open): nothing reserved
                     None => Ok(()),
-                    Some(refusal) => Err(refusal),
+                    Some(refusal) => Err(Refused::consuming_nothing(refusal)),
                 }
             }
             Err(error) => {
                 let refusal = refusals.check_failed(self.user.as_str(), &self.tier.name, n, &error);
-                if shadowed { Ok(()) } else { Err(refusal) }
+                // A reservation that could never fit (403) is the client's
+                // own error: its request stays counted, so that asking for
+                // more than a burst never reaches the handler more often
+                // than the request bands allow.
+                if shadowed {
+                    Ok(())
+                } else {
+                    Err(Refused {
+                        response: refusal,
+                        counted: true,
+                    })
+                }
             }
         }
     }

@@ -282,6 +282,14 @@ impl DenyTable {
             // A forced charge always reaches the storage (its answer
             // refreshes the key's entry, if it has one).
             Op::Each(amounts) if amounts.moves_regardless() => {}
+            // A reservation of a unit (a charge of a band that may be in
+            // debt) too: another instance's settlement gives units back
+            // that this cache never sees, so a cached denial of it could
+            // outlive the spent state by a refill.
+            Op::Each(amounts)
+                if amounts
+                    .iter()
+                    .any(|(amount, debt)| debt > 0 && matches!(amount, Amount::Charge(n) if n > 0)) => {}
             // Charges and requirements, each band with its debt bound: the
             // entry's lower bound of the state denies only what the storage
             // would deny (a requirement on a band in debt, a charge that

@@ -340,6 +340,7 @@ impl RateTierBuilder {
                 preparer,
                 clock,
                 lease: self.lease.unwrap_or(DEFAULT_CONCURRENCY_LEASE),
+                forgiven: Default::default(),
             }),
         })
     }

@@ -117,6 +117,8 @@ struct Config {
     clock: Arc<dyn Clock>,
     /// How long a slot counts as in use when it is not given back.
     lease: std::time::Duration,
+    /// The warning of usage a program's record forgave.
+    forgiven: usage::ForgivenWarning,
 }
 
 impl RateTier {

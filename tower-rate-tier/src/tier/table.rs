@@ -214,7 +214,14 @@ impl TierEntry {
         };
         entry.shadow = tier.shadow;
         for (unit, bands) in units {
-            entry = entry.with_unit(unit, Some(bands.to_vec()))?;
+            // a unit's bands that no tier could have leave the unit as the
+            // tier has it (and the rest of the contract as it is)
+            match entry.clone().with_unit(unit, Some(bands.to_vec())) {
+                Ok(with) => entry = with,
+                Err(error) => {
+                    tracing::warn!(target: "tower_rate_tier", tier = %tier.name, %error, "an identity's own bands of a unit were ignored");
+                }
+            }
         }
         Ok(entry.with_concurrency(concurrency.or(tier.concurrency)))
     }

@@ -27,6 +27,8 @@
 //! ```
 
 use super::{CheckError, CheckResult, RateTier, TierEntry, UnitBands, UserId, check_result};
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use crate::storage::{Amount, Decide, Decision};
 
 impl RateTier {
@@ -52,11 +54,11 @@ impl RateTier {
                 let entry = entry.clone();
                 drop(table);
                 let decision = pending.await?;
-                report_forgiven(&entry, unit, &decision);
+                self.inner.forgiven.report(decision.now, &entry, unit, &decision);
                 return Ok(());
             }
         };
-        report_forgiven(entry, unit, &decision);
+        self.inner.forgiven.report(decision.now, entry, unit, &decision);
         Ok(())
     }
 
@@ -112,7 +114,8 @@ impl RateTier {
     }
 
     /// Starts doing `amount` to the bands of `unit` of `user` in `tier`;
-    /// `None` when there is nothing to do (an amount of 0). A charge above
+    /// `None` when there is nothing to do (a forced charge or a refund of
+    /// 0). A charge above
     /// the unit's smallest burst could never fit, and an unknown unit is
     /// refused.
     pub(crate) fn start_usage(
@@ -129,7 +132,8 @@ impl RateTier {
             });
         };
         match amount {
-            Amount::Charge(0) | Amount::Force(0) | Amount::Refund(0) => return Ok(None),
+            // (a charge of 0 is a peek of the unit: decided, for its state)
+            Amount::Force(0) | Amount::Refund(0) => return Ok(None),
             Amount::Charge(n) if n > bands.max => {
                 return Err(CheckError::CostExceedsLimit {
                     tier: format!("{} ({unit})", tier.name),
@@ -149,11 +153,37 @@ impl RateTier {
     }
 }
 
-/// Logs the usage of `unit` a decision of `tier` forgave, if any.
-fn report_forgiven(tier: &TierEntry, unit: &str, decision: &Decision) {
-    let forgiven = tier.unit(unit).map_or(0, |bands| forgiven(bands, decision));
-    if forgiven > 0 {
-        tracing::warn!(target: "tower_rate_tier", tier = %tier.name, unit, forgiven, "usage beyond the unit's debt bound was forgiven");
+/// The warning of usage a program's record forgave: at most one per 10 s
+/// per limiter, with the number of records not written since.
+#[derive(Debug, Default)]
+pub(crate) struct ForgivenWarning {
+    /// When it was last written (the limiter's clock, ns; 0: never).
+    last: AtomicU64,
+    skipped: AtomicU64,
+}
+
+const WARN_EVERY_NS: u64 = 10_000_000_000;
+
+impl ForgivenWarning {
+    /// Logs the usage of `unit` a decision of `tier` forgave, if any.
+    fn report(&self, now: u64, tier: &TierEntry, unit: &str, decision: &Decision) {
+        let forgiven = tier.unit(unit).map_or(0, |bands| forgiven(bands, decision));
+        if forgiven == 0 {
+            return;
+        }
+        let last = self.last.load(Ordering::Relaxed);
+        let due = last == 0 || now.saturating_sub(last) >= WARN_EVERY_NS;
+        if due
+            && self
+                .last
+                .compare_exchange(last, now.max(1), Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        {
+            let skipped = self.skipped.swap(0, Ordering::Relaxed);
+            tracing::warn!(target: "tower_rate_tier", tier = %tier.name, unit, forgiven, skipped, "usage beyond the unit's debt bound was forgiven");
+        } else {
+            self.skipped.fetch_add(1, Ordering::Relaxed);
+        }
     }
 }
 
