@@ -277,9 +277,11 @@ async fn main() -> ExitCode {
     );
     check_item(&mut test, "2nd", &reply, "ratelimit", "free.tokens", "r=984;t=1");
 
-    // 3. max_tokens above the plan's burst can never fit: 403, no Retry-After
+    // 3. max_tokens above the plan's burst can never fit: 403, no
+    // Retry-After; the request still counts (r=17), so that asking for too
+    // much never reaches the handler more often than the plan's requests
     let reply = completion(&client, "sk-ana", &short, 2_000).await;
-    test.row("completion 8+2000", "ana (free)", &reply, want(403, "-", "-"));
+    test.row("completion 8+2000", "ana (free)", &reply, want(403, "17", "-"));
 
     // 4. 900 do not fit in the 584 left: refused by tokens while requests
     // remain; 316 tokens short at 60 ms each is 18.96 s
@@ -289,21 +291,21 @@ async fn main() -> ExitCode {
     check_item(&mut test, "4th", &reply, "ratelimit", "free.tokens", "r=584;t=19");
 
     // 5. 600 prompt tokens, 400 reserved and answered: 1,000 used where 584
-    // were left, a debt of 416. The refused calls above consumed no request:
-    // this one is the 3rd admitted (r=17).
+    // were left, a debt of 416. The call refused by tokens consumed no
+    // request: this one is the 4th counted (r=16).
     let reply = completion(&client, "sk-ana", &prompt(600), 400).await;
-    test.row("completion 600+400", "ana (free)", &reply, want(200, "17", "-"));
-    check_item(&mut test, "5th", &reply, "ratelimit", "free", "r=17;t=3");
+    test.row("completion 600+400", "ana (free)", &reply, want(200, "16", "-"));
+    check_item(&mut test, "5th", &reply, "ratelimit", "free", "r=16;t=3");
     check_item(&mut test, "5th", &reply, "ratelimit", "free.tokens", "r=584;t=1");
 
     // 6. in debt: every request is refused until the 416 tokens and one more
-    // are back, 417 x 60 ms = 25.02 s, Retry-After 26, though 17 requests
+    // are back, 417 x 60 ms = 25.02 s, Retry-After 26, though 16 requests
     // remain
     let reply = completion(&client, "sk-ana", &short, 200).await;
     test.row("completion 8+200", "ana (in debt)", &reply, want(429, "0", "26"));
     check_violated(&mut test, "6th", &reply, &["free.tokens"]);
     check_item(&mut test, "6th", &reply, "ratelimit", "free.tokens", "r=0;t=26");
-    check_item(&mut test, "6th", &reply, "ratelimit", "free", "r=17");
+    check_item(&mut test, "6th", &reply, "ratelimit", "free", "r=16");
     let reply = models(&client, "sk-ana").await;
     test.row("GET /v1/models", "ana (in debt)", &reply, want(429, "0", "26"));
 

@@ -293,3 +293,30 @@ async fn adding_a_unit_at_run_time_keeps_the_users_request_state_in_memory() {
     tiers.set_tier_unit("free", "tokens", None).unwrap();
     assert!(tiers.check("ada", "free", 1).await.unwrap().is_err());
 }
+
+#[tokio::test]
+async fn an_overflow_identity_settles_its_reservation_in_the_shared_bucket() {
+    let tiers = RateTier::builder()
+        .tier("free", Quota::per_minute(10))
+        .tier_unit("free", "tokens", Quota::per_minute(1_000))
+        .storage(
+            tower_rate_tier::storage::MemoryStorage::builder()
+                .max_keys(1)
+                .build(),
+        )
+        .clock(FakeClock::new())
+        .build();
+    tiers.check("first", "free", 1).await.unwrap().unwrap();
+    // the storage is full: "bob" and "carol" share the overflow bucket
+    tiers
+        .reserve("bob", "free", "tokens", 900)
+        .await
+        .unwrap()
+        .unwrap();
+    tiers.settle("bob", "free", "tokens", 900, 0).await.unwrap();
+    tiers
+        .reserve("carol", "free", "tokens", 500)
+        .await
+        .unwrap()
+        .expect("bob's unused 900 came back to the shared bucket");
+}

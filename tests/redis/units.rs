@@ -311,3 +311,32 @@ async fn a_reservation_refused_before_another_instance_settles_fits_after_it() {
         .unwrap()
         .expect("the units the other instance gave back");
 }
+
+/// A forced charge far beyond a band's debt bound: Redis reports the units
+/// forgiven as memory does (the script's increment is capped at 2^51 µs;
+/// the client counts the units it could not carry).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_record_is_forgiven_as_in_memory() {
+    use std::sync::Arc;
+    use tower_rate_tier::clock::{Clock, SystemClock};
+    use tower_rate_tier::quota::Unit;
+    use tower_rate_tier::storage::{Amount, Amounts, MemoryStorage, Op, Storage};
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let bands = [DAY_1000.in_unit(Unit::new("tokens").unwrap())];
+    let op = Op::Each(Amounts::new().with_debt(Amount::Force(u32::MAX), 1_000));
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let key = super::key("free", "huge");
+    let memory = MemoryStorage::new()
+        .decide(key, &bands, op, &clock)
+        .await
+        .unwrap();
+    let redis = super::script_only(&server.url())
+        .await
+        .decide(key, &bands, op, &clock)
+        .await
+        .unwrap();
+    assert_eq!(memory.bands[0].forgiven, u32::MAX - 2_000);
+    assert_eq!(redis.bands[0].forgiven, memory.bands[0].forgiven);
+}

@@ -46,6 +46,16 @@ impl Inner {
 
     /// Takes one slot under the key cap, reclaiming expired keys first when
     /// the cap is reached; `false` when the storage is still full.
+    /// Whether a decision that keeps nothing for a key without one (a
+    /// refund: an overflow identity settling a reservation) goes to the
+    /// overflow bucket: the storage is full, so the identity was decided
+    /// there.
+    pub(super) fn refunds_overflow(&self, op: crate::storage::Op) -> bool {
+        let refund = (0..crate::storage::MAX_BANDS)
+            .any(|i| matches!(op.band(i).0, crate::storage::Amount::Refund(n) if n > 0));
+        refund && self.len.load(Ordering::Relaxed) >= self.max_keys
+    }
+
     pub(super) fn reserve_slot(&self, now: Nanos) -> bool {
         if self.len.fetch_add(1, Ordering::Relaxed) < self.max_keys {
             return true;

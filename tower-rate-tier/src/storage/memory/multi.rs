@@ -116,6 +116,9 @@ impl Inner {
             let now = clock.now();
             let (decision, new) = apply(seeded(single).as_ref(), now);
             if new.is_none() {
+                if single.is_none() && self.refunds_overflow(op) {
+                    return Ok(self.decide_overflow(scope.key(user), bands, op, clock));
+                }
                 return Ok(decision);
             }
             if single.is_none() && !self.reserve_slot(now) {

@@ -109,7 +109,7 @@ impl<'a> BatchArgs<'a> {
                 )),
                 None => Err(bad_reply()),
             },
-            other => decode(other, &self.items[i].spans),
+            other => decode(other, &self.items[i].spans).map(|d| self.items[i].complete(d)),
         }
     }
 }

@@ -31,7 +31,7 @@ impl Inner {
         (args, attempt): (Args, Attempt),
     ) -> Result<Decision, StorageError> {
         let value = self.query(&self.script, &args, attempt).await?;
-        decode(value, &args.spans)
+        decode(value, &args.spans).map(|d| args.complete(d))
     }
 
     /// One call of `script` with `args` within the timeout: its reply, or

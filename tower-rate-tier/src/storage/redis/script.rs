@@ -141,6 +141,9 @@ pub(super) struct Args {
     /// units, one interval for a requirement) and its debt bound in
     /// microseconds; empty otherwise.
     pub(super) amounts: SmallVec<[(&'static str, u64); 2]>,
+    /// Per forced band, the units its span's increment could not carry
+    /// (capped at [`MAX_SPAN_US`]): forgiven besides what the script reports.
+    cut: SmallVec<[u32; 2]>,
 }
 
 impl Args {
@@ -167,6 +170,7 @@ impl Args {
         };
         let mut spans = SmallVec::new();
         let mut amounts = SmallVec::new();
+        let mut cut = SmallVec::new();
         for (i, quota) in bands.iter().enumerate() {
             let (amount, debt) = op.band(i);
             let (kind, units) = match amount {
@@ -186,6 +190,10 @@ impl Args {
                 .clamp(1, MAX_SPAN_US);
             let tolerance = interval.saturating_mul(u64::from(quota.burst())).min(MAX_SPAN_US);
             let increment = interval.saturating_mul(u64::from(units)).min(MAX_SPAN_US);
+            if kind == "f" {
+                cut.resize(i + 1, 0);
+                cut[i] = units - u32::try_from(increment / interval).unwrap_or(units).min(units);
+            }
             spans.push([interval, tolerance, increment]);
             amounts.push((kind, interval.saturating_mul(u64::from(debt)).min(MAX_SPAN_US)));
         }
@@ -198,7 +206,17 @@ impl Args {
             now,
             spans,
             amounts,
+            cut,
         }
+    }
+
+    /// The script's `decision` of these arguments, with the units of forced
+    /// bands their spans could not carry counted as forgiven.
+    pub(super) fn complete(&self, mut decision: Decision) -> Decision {
+        for (state, cut) in decision.bands.iter_mut().zip(&self.cut) {
+            state.forgiven = state.forgiven.saturating_add(*cut);
+        }
+        decision
     }
 
     fn key_bytes(&self) -> usize {
