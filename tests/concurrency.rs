@@ -6,51 +6,28 @@ use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::task::{Context, Poll};
+use std::task::Poll;
 use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
 use axum::routing::get;
-use bytes::Bytes;
 use http::{HeaderMap, Request, Response, StatusCode};
-use http_body::Frame;
 use http_body_util::BodyExt;
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_rate_tier::clock::FakeClock;
 use tower_rate_tier::{Quota, RateTier, TierIdentity, TierLimitLayer};
+use tower_rate_tier_tests::bodies::Endless;
 use tower_rate_tier_tests::reply::{Reply, header_identity, send};
 
 const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
-
-/// A body that sends one chunk, then never ends: a stream the client keeps
-/// open (an export, a long poll, a completion).
-struct Endless {
-    sent: bool,
-}
-
-impl http_body::Body for Endless {
-    type Data = Bytes;
-    type Error = std::convert::Infallible;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        _: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        if self.sent {
-            return Poll::Pending;
-        }
-        self.sent = true;
-        Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(b"first")))))
-    }
-}
 
 /// `/stream` answers an endless body; `/` answers at once; `/hang` never
 /// answers; `/panic` panics.
 fn routes() -> Router {
     Router::new()
         .route("/", get(|| async { "ok" }))
-        .route("/stream", get(|| async { Body::new(Endless { sent: false }) }))
+        .route("/stream", get(|| async { Body::new(Endless::default()) }))
         .route("/hang", get(std::future::pending::<&'static str>))
         .route("/panic", get(panics))
 }

@@ -21,22 +21,10 @@ const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#qu
 /// Panics when the field is not the draft's shape (a List of Strings with
 /// non-negative Integer parameters).
 fn items(value: &str) -> Vec<(String, HashMap<String, i64>)> {
-    let list: sfv::List = sfv::Parser::new(value)
-        .parse()
-        .unwrap_or_else(|e| panic!("{value:?}: {e}"));
-    list.into_iter()
-        .map(|entry| {
-            let sfv::ListEntry::Item(item) = entry else {
-                panic!("an inner list in {value:?}")
-            };
-            let name = item
-                .bare_item
-                .as_string()
-                .expect("a String item")
-                .as_str()
-                .to_owned();
-            let params = item
-                .params
+    raw_items(value)
+        .into_iter()
+        .map(|(name, params)| {
+            let params = params
                 .iter()
                 .map(|(k, v)| {
                     let n = i64::from(v.as_integer().expect("an Integer parameter"));

@@ -396,6 +396,31 @@ fn batched_decisions_equal_one_call_each() {
     assert!(calls.subject < 3 * calls.asked * 3 / 4, "{calls:?}");
 }
 
+/// The storages a comparison decides with, on the server(s) of `builder`
+/// (a builder for a key prefix) and on `clock`: a reference deciding each
+/// decision in a script call of its own, and three that batch (up to 128,
+/// up to 3, and up to 128 behind the deny cache).
+pub(crate) async fn compared(
+    builder: &impl Fn(&str) -> tower_rate_tier::storage::RedisStorageBuilder,
+    clock: &FakeClock,
+) -> (RedisStorage, Vec<RedisStorage>) {
+    let connect = |prefix: &str, batching: bool, max: usize, cache: bool| {
+        builder(prefix)
+            .client_clock(clock.clone())
+            .batching(batching)
+            .max_batch(max)
+            .deny_cache(cache)
+            .connect()
+    };
+    let reference = connect("ref", false, 2, false).await.unwrap();
+    let subjects = vec![
+        connect("b128", true, 128, false).await.unwrap(),
+        connect("b3", true, 3, false).await.unwrap(),
+        connect("b128c", true, 128, true).await.unwrap(),
+    ];
+    (reference, subjects)
+}
+
 /// What [`batched_equal_one_call_each`] counted.
 #[derive(Debug)]
 pub(crate) struct Calls {
@@ -420,23 +445,7 @@ pub(crate) fn batched_equal_one_call_each(
         .unwrap();
     let clock = FakeClock::new();
     let fake: Arc<dyn Clock> = Arc::new(clock.clone());
-    let (reference, subjects) = runtime.block_on(async {
-        let connect = |prefix: &str, batching: bool, max: usize, cache: bool| {
-            builder(prefix)
-                .client_clock(clock.clone())
-                .batching(batching)
-                .max_batch(max)
-                .deny_cache(cache)
-                .connect()
-        };
-        let reference = connect("ref", false, 2, false).await.unwrap();
-        let subjects = vec![
-            connect("b128", true, 128, false).await.unwrap(),
-            connect("b3", true, 3, false).await.unwrap(),
-            connect("b128c", true, 128, true).await.unwrap(),
-        ];
-        (reference, subjects)
-    });
+    let (reference, subjects) = runtime.block_on(compared(&builder, &clock));
     let case = AtomicU64::new(0);
     let asked = AtomicU64::new(0);
     let cached = AtomicU64::new(0);

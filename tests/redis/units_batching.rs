@@ -17,6 +17,7 @@ use tower_rate_tier::storage::{
 use tower_rate_tier::{Quota, RateTier};
 use tower_rate_tier_tests::redis::{RedisServer, own_cluster};
 
+use super::batching::compared;
 use super::cluster_batching::HEAVY;
 
 fn script_calls(server: &RedisServer) -> u64 {
@@ -129,23 +130,7 @@ fn agree(
         .unwrap();
     let clock = FakeClock::new();
     let fake: Arc<dyn Clock> = Arc::new(clock.clone());
-    let (reference, subjects) = runtime.block_on(async {
-        let connect = |prefix: &str, batching: bool, max: usize, cache: bool| {
-            builder(prefix)
-                .client_clock(clock.clone())
-                .batching(batching)
-                .max_batch(max)
-                .deny_cache(cache)
-                .connect()
-        };
-        let reference = connect("ref", false, 2, false).await.unwrap();
-        let subjects = vec![
-            connect("b128", true, 128, false).await.unwrap(),
-            connect("b3", true, 3, false).await.unwrap(),
-            connect("b128c", true, 128, true).await.unwrap(),
-        ];
-        (reference, subjects)
-    });
+    let (reference, subjects) = runtime.block_on(compared(&builder, &clock));
     let (case, asked) = (AtomicU64::new(0), AtomicU64::new(0));
     reset();
     let config = ProptestConfig {

@@ -3,46 +3,21 @@
 //! exhausted; a refusal by a unit (in debt, or at zero) takes none, and
 //! says so in its `RateLimit` field.
 
-use std::pin::Pin;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
 use axum::routing::get;
-use bytes::Bytes;
 use http::{Request, Response, StatusCode};
-use http_body::Frame;
 use tower::ServiceExt;
 use tower_rate_tier::clock::FakeClock;
 use tower_rate_tier::storage::{MemoryStorage, RedisStorage, Storage};
 use tower_rate_tier::{Quota, RateTier, TierLimitLayer};
+use tower_rate_tier_tests::bodies::Endless;
 use tower_rate_tier_tests::redis::RedisServer;
 use tower_rate_tier_tests::reply::{Reply, header_identity, send};
 
 use super::key;
-
-/// A body that sends one chunk, then never ends: a stream that holds its
-/// slot until it is dropped.
-struct Endless {
-    sent: bool,
-}
-
-impl http_body::Body for Endless {
-    type Data = Bytes;
-    type Error = std::convert::Infallible;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        _: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        if self.sent {
-            return Poll::Pending;
-        }
-        self.sent = true;
-        Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(b"first")))))
-    }
-}
 
 /// `free`: 100 requests a day, 1,000 tokens a day, two requests in flight.
 fn tiers(storage: impl Storage) -> RateTier {
@@ -58,7 +33,7 @@ fn tiers(storage: impl Storage) -> RateTier {
 fn app(tiers: RateTier) -> Router {
     Router::new()
         .route("/", get(|| async { "ok" }))
-        .route("/stream", get(|| async { Body::new(Endless { sent: false }) }))
+        .route("/stream", get(|| async { Body::new(Endless::default()) }))
         .layer(TierLimitLayer::new(tiers).identifier_fn(header_identity))
 }
 

@@ -3,6 +3,7 @@
 //! run; see `RELIABILITY.md`. [`redis`] starts real `redis-server`
 //! processes for the Redis tests.
 
+pub mod bodies;
 pub mod exactness;
 pub mod flood;
 pub mod heap;
