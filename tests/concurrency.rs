@@ -63,22 +63,10 @@ async fn open(app: &Router, user: &str) -> Response<Body> {
 /// A field's items as `sfv` (an RFC 9651 parser) decodes them: name and
 /// parameters as text (`2`, `"concurrent-requests"`).
 fn items(value: &str) -> Vec<(String, HashMap<String, String>)> {
-    let list: sfv::List = sfv::Parser::new(value)
-        .parse()
-        .unwrap_or_else(|e| panic!("{value:?}: {e}"));
-    list.into_iter()
-        .map(|entry| {
-            let sfv::ListEntry::Item(item) = entry else {
-                panic!("an inner list in {value:?}")
-            };
-            let name = item
-                .bare_item
-                .as_string()
-                .expect("a String item")
-                .as_str()
-                .to_owned();
-            let params = item
-                .params
+    tower_rate_tier_tests::fields::items(value)
+        .into_iter()
+        .map(|(name, params)| {
+            let params = params
                 .iter()
                 .map(|(k, v)| {
                     let v = match (v.as_integer(), v.as_string()) {

@@ -13,6 +13,7 @@ use axum::routing::get;
 use http::{Request, StatusCode};
 use tower_rate_tier::clock::FakeClock;
 use tower_rate_tier::{Quota, RateTier, TierLimitLayer};
+use tower_rate_tier_tests::fields;
 use tower_rate_tier_tests::reply::{Reply, header_identity, send};
 
 const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
@@ -21,7 +22,7 @@ const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#qu
 /// Panics when the field is not the draft's shape (a List of Strings with
 /// non-negative Integer parameters).
 fn items(value: &str) -> Vec<(String, HashMap<String, i64>)> {
-    raw_items(value)
+    fields::items(value)
         .into_iter()
         .map(|(name, params)| {
             let params = params
@@ -250,28 +251,6 @@ async fn t_comes_from_the_quota_that_decided() {
 /// text names `requests`, its registry table `request`).
 const REGISTERED_UNITS: [&str; 4] = ["request", "requests", "content-bytes", "concurrent-requests"];
 
-/// A field's items with every parameter as `sfv` decodes it; panics when
-/// the field is not a List of String Items.
-fn raw_items(value: &str) -> Vec<(String, sfv::Parameters)> {
-    let list: sfv::List = sfv::Parser::new(value)
-        .parse()
-        .unwrap_or_else(|e| panic!("{value:?}: {e}"));
-    list.into_iter()
-        .map(|entry| {
-            let sfv::ListEntry::Item(item) = entry else {
-                panic!("an inner list in {value:?}")
-            };
-            let name = item
-                .bare_item
-                .as_string()
-                .expect("a String item")
-                .as_str()
-                .to_owned();
-            (name, item.params)
-        })
-        .collect()
-}
-
 fn param<'a>(params: &'a sfv::Parameters, key: &str) -> Option<&'a sfv::BareItem> {
     params.iter().find(|(k, _)| k.as_str() == key).map(|(_, v)| v)
 }
@@ -298,7 +277,7 @@ fn metered(clock: &FakeClock) -> (RateTier, Router) {
 /// Checks both IETF fields of `r` against the draft, and returns the
 /// `RateLimit` items' names with their `t`.
 fn unit_fields(r: &Reply) -> Vec<(String, Option<i64>)> {
-    let policy = raw_items(r.header("ratelimit-policy").expect("RateLimit-Policy"));
+    let policy = fields::items(r.header("ratelimit-policy").expect("RateLimit-Policy"));
     let names: Vec<&str> = policy.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(
         names,
@@ -335,7 +314,7 @@ fn unit_fields(r: &Reply) -> Vec<(String, Option<i64>)> {
             assert!(["q", "qu", "w"].contains(&key), "{name}: parameter {key}");
         }
     }
-    let state = raw_items(r.header("ratelimit").expect("RateLimit"));
+    let state = fields::items(r.header("ratelimit").expect("RateLimit"));
     assert_eq!(state.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), names);
     state
         .into_iter()

@@ -5,6 +5,7 @@
 
 pub mod bodies;
 pub mod exactness;
+pub mod fields;
 pub mod flood;
 pub mod heap;
 pub mod http_load;
