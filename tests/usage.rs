@@ -652,3 +652,53 @@ async fn a_reservation_of_nothing_reports_the_unit() {
         .1;
     assert_eq!(tokens.remaining, 700);
 }
+
+/// A storage that is down.
+#[derive(Debug)]
+struct Down;
+
+impl tower_rate_tier::storage::Storage for Down {
+    fn decide(
+        &self,
+        _: tower_rate_tier::storage::StorageKey<'_>,
+        _: &[Quota],
+        _: tower_rate_tier::storage::Op,
+        _: &Arc<dyn tower_rate_tier::clock::Clock>,
+    ) -> tower_rate_tier::storage::Decide {
+        use tower_rate_tier::storage::{Decide, StorageError, StorageErrorKind};
+        Decide::ready(Err(StorageError::new(StorageErrorKind::Unavailable, "down")))
+    }
+}
+
+#[tokio::test]
+async fn while_the_storage_is_down_a_reservation_above_the_local_share_waits_for_the_whole_share() {
+    use tower_rate_tier::storage::Fallback;
+    let clock = FakeClock::new();
+    let tiers = RateTier::builder()
+        .tier("free", Quota::per_minute(10))
+        .tier_unit("free", "tokens", Quota::per_minute(1_000))
+        .storage(Fallback::builder(Down).instances(4).failures_to_switch(1).build())
+        .clock(clock.clone())
+        .build();
+    let app = app(&tiers);
+    // the local share is 250 tokens (one every 240 ms): 400 take all of it
+    assert_eq!(
+        send(&app, get_as("ada", "/complete?reserve=400")).await.status,
+        StatusCode::OK
+    );
+    // half of it back: the request is admitted, its reservation waits for
+    // the rest of the share, a wait that comes true (125 x 240 ms)
+    clock.advance(Duration::from_secs(30));
+    let refused = send(&app, get_as("ada", "/complete?reserve=400")).await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        refused.json()["violated-policies"],
+        serde_json::json!(["free.tokens"])
+    );
+    assert_eq!(refused.header("retry-after"), Some("30"));
+    clock.advance(Duration::from_secs(30));
+    assert_eq!(
+        send(&app, get_as("ada", "/complete?reserve=400")).await.status,
+        StatusCode::OK
+    );
+}

@@ -12,7 +12,7 @@ use super::Shared;
 use crate::clock::Clock;
 use crate::quota::Quota;
 use crate::storage::{
-    Amounts, Decision, DecisionSource, MAX_BANDS, Op, ScopeKey, Slots, Storage, StorageError,
+    Amount, Amounts, Decision, DecisionSource, MAX_BANDS, Op, ScopeKey, Slots, Storage, StorageError,
     StorageErrorKind, TierScope,
 };
 
@@ -50,9 +50,9 @@ impl Shared {
                 cost,
                 slots: scale_slots(slots, self.share),
             },
-            Op::Each(amounts) => Op::Each(scale_debts(amounts, self.share)),
+            Op::Each(amounts) => Op::Each(scale_debts(amounts, self.share, &scaled)),
             Op::AcquireEach { amounts, slots } => Op::AcquireEach {
-                amounts: scale_debts(amounts, self.share),
+                amounts: scale_debts(amounts, self.share, &scaled),
                 slots: scale_slots(slots, self.share),
             },
             op => op,
@@ -95,20 +95,30 @@ pub(super) fn scale_slots(slots: Slots, share: f64) -> Slots {
     Slots { limit, ..slots }
 }
 
-/// Every band's debt bound scaled to `share`, as its burst is:
-/// `ceil(debt × share)` (0 stays 0), so a band in debt waits as long as
-/// with the primary's bound; the amounts themselves are not scaled (nor is
-/// a charge's cost).
-pub(super) fn scale_debts(amounts: Amounts, share: f64) -> Amounts {
+/// `amounts` for the local limiter's `scaled` bands: each debt bound scaled
+/// to the share, and a unit's reservation larger than its local band
+/// (which the share could never fit: a 429 whose wait never comes true)
+/// asked as the whole local band instead (it fits once the band is full
+/// again, and its wait says when).
+pub(super) fn scale_debts(amounts: Amounts, share: f64, scaled: &[Quota]) -> Amounts {
     if share >= 1.0 {
         return amounts;
     }
-    let mut scaled = Amounts::new();
-    for (amount, debt) in amounts.iter() {
+    let mut local = Amounts::new();
+    for ((amount, debt), quota) in amounts
+        .iter()
+        .zip(scaled.iter().chain(std::iter::repeat(&Quota::unlimited())))
+    {
+        let amount = match amount {
+            Amount::Charge(n) if debt > 0 && !quota.is_unlimited() && n > quota.burst() => {
+                Amount::Charge(quota.burst())
+            }
+            other => other,
+        };
         // `as` saturates
-        scaled.push(amount, (f64::from(debt) * share).ceil() as u32);
+        local.push(amount, (f64::from(debt) * share).ceil() as u32);
     }
-    scaled
+    local
 }
 
 /// Where the local limiter keeps a tier.
