@@ -702,3 +702,58 @@ async fn while_the_storage_is_down_a_reservation_above_the_local_share_waits_for
         StatusCode::OK
     );
 }
+
+#[tokio::test]
+async fn usage_equal_to_its_reservation_is_counted_as_recorded() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let clock = FakeClock::new();
+    let tiers = tiers(&clock);
+    let app = metrics::with_local_recorder(&recorder, || {
+        routes().layer(
+            TierLimitLayer::new(tiers.clone())
+                .identifier_fn(header_identity)
+                .metrics(true),
+        )
+    });
+    // exactly what was reserved: nothing to settle in the storage, and
+    // still usage recorded
+    send(&app, get_as("ada", "/complete?reserve=200&use=200")).await;
+    assert_eq!(left(&tiers, "ada", "tokens").await, 800);
+    let recorded = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .find_map(|(key, _, _, value)| {
+            let key = key.key();
+            let is = |k: &str, v: &str| key.labels().any(|l| l.key() == k && l.value() == v);
+            let wanted = key.name() == tower_rate_tier::metrics::UNITS_TOTAL
+                && is("unit", "tokens")
+                && is("outcome", "recorded");
+            match value {
+                DebugValue::Counter(n) if wanted => Some(n),
+                _ => None,
+            }
+        });
+    assert_eq!(recorded, Some(200));
+}
+
+#[tokio::test]
+async fn a_reservation_above_the_burst_names_the_tier_and_the_unit() {
+    let clock = FakeClock::new();
+    let tiers = tiers(&clock);
+    let refused = send(&app(&tiers), get_as("ada", "/complete?reserve=1001")).await;
+    assert_eq!(refused.status, StatusCode::FORBIDDEN);
+    assert_eq!(refused.header("retry-after"), None);
+    let body = refused.json();
+    assert_eq!(body["status"], 403);
+    assert_eq!(
+        (&body["tier"], &body["unit"]),
+        (&serde_json::json!("free"), &serde_json::json!("tokens"))
+    );
+    assert_eq!(
+        (&body["cost"], &body["limit"]),
+        (&serde_json::json!(1_001), &serde_json::json!(1_000))
+    );
+}

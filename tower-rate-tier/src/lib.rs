@@ -118,6 +118,7 @@ mod refusal;
 pub mod response;
 mod slot;
 pub mod storage;
+mod throttle;
 pub mod tier;
 mod usage;
 #[cfg(test)]

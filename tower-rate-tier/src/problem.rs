@@ -67,11 +67,19 @@ fn typed_problem(
     response
 }
 
-/// The 403 for a request whose cost exceeds the tier's burst.
-pub(crate) fn cost_exceeds_limit(tier: &str, cost: u32, limit: u32) -> Response<Bytes> {
-    problem(
-        StatusCode::FORBIDDEN,
-        "this request costs more than the tier admits at once and can never pass",
-        json!({ "tier": tier, "cost": cost, "limit": limit }),
-    )
+/// The 403 for a request whose cost exceeds the tier's burst, or (with
+/// `unit`) a reservation above the smallest burst of that unit of the tier.
+pub(crate) fn cost_exceeds_limit(tier: &str, cost: u32, limit: u32, unit: Option<&str>) -> Response<Bytes> {
+    match unit {
+        None => problem(
+            StatusCode::FORBIDDEN,
+            "this request costs more than the tier admits at once and can never pass",
+            json!({ "tier": tier, "cost": cost, "limit": limit }),
+        ),
+        Some(unit) => problem(
+            StatusCode::FORBIDDEN,
+            "this reservation asks for more of the unit than the tier admits at once and can never pass",
+            json!({ "tier": tier, "unit": unit, "cost": cost, "limit": limit }),
+        ),
+    }
 }

@@ -18,7 +18,6 @@
 use std::fmt;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -30,6 +29,7 @@ use crate::policy::OnStorageError;
 use crate::problem::{cost_exceeds_limit, problem};
 use crate::response::{apply_limited_fields, too_many_requests};
 use crate::storage::StorageError;
+use crate::throttle::Throttle;
 use crate::tier::{CheckError, RateLimited};
 
 pub(crate) type EventFn = dyn Fn(&RateLimitEvent<'_>) + Send + Sync;
@@ -37,9 +37,6 @@ pub(crate) type LimitedFn = dyn Fn(&RateLimited) -> Response<Bytes> + Send + Syn
 
 /// A client-chosen tier name is shown up to this many characters.
 const MAX_SHOWN_TIER: usize = 64;
-
-/// A warning a client can cause is written at most once per this many ms.
-const WARN_EVERY_MS: u64 = 10_000;
 
 /// How a limiter refuses and reports: its storage-error policy, the user's
 /// hooks, the key of its pseudonyms and the state of its throttled warnings.
@@ -114,35 +111,6 @@ pub(crate) fn shown(client: &str) -> String {
         out.push('…');
     }
     out
-}
-
-/// One kind of warning, written at most once per [`WARN_EVERY_MS`].
-#[derive(Default)]
-struct Throttle {
-    /// When it was last written, in ms since [`Warnings::start`] plus one
-    /// (0: never).
-    last: AtomicU64,
-    /// Occurrences not written since.
-    skipped: AtomicU64,
-}
-
-impl Throttle {
-    /// `Some(skipped)` when the warning is to be written now (with the
-    /// number of occurrences not written since the last one), else `None`.
-    fn due(&self, now_ms: u64) -> Option<u64> {
-        let now = now_ms.saturating_add(1);
-        let last = self.last.load(Ordering::Relaxed);
-        if (last == 0 || now.saturating_sub(last) >= WARN_EVERY_MS)
-            && self
-                .last
-                .compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
-        {
-            return Some(self.skipped.swap(0, Ordering::Relaxed));
-        }
-        self.skipped.fetch_add(1, Ordering::Relaxed);
-        None
-    }
 }
 
 /// The throttles of the warnings a client can cause, shared by the clones of
@@ -254,21 +222,12 @@ impl Refusals {
         cost: u32,
         error: &CheckError,
     ) -> Response<Bytes> {
-        let user = self.pseudonyms.of(user);
         match error {
             CheckError::CostExceedsLimit { tier, cost, limit } => {
-                if let Some(skipped) = self.warnings.due(&self.warnings.cost) {
-                    tracing::warn!(target: "tower_rate_tier", %user, tier, cost, limit, skipped, "request cost exceeds the tier's burst");
-                }
-                self.event(&RateLimitEvent::CostExceedsLimit {
-                    user: user.as_str(),
-                    tier,
-                    cost: *cost,
-                    limit: *limit,
-                });
-                cost_exceeds_limit(tier, *cost, *limit)
+                self.above_burst(user, tier, *cost, *limit, None)
             }
             other => {
+                let user = self.pseudonyms.of(user);
                 if let Some(skipped) = self.warnings.due(&self.warnings.check) {
                     tracing::warn!(target: "tower_rate_tier", %user, tier, cost, error = %other, skipped, "rate-limit check failed");
                 }
@@ -279,6 +238,30 @@ impl Refusals {
                 )
             }
         }
+    }
+
+    /// A cost above the tier's burst, or (with `unit`) a reservation above
+    /// the smallest burst of that unit: a 403 that can never pass, its
+    /// warning and its event.
+    pub(crate) fn above_burst(
+        &self,
+        user: &str,
+        tier: &str,
+        cost: u32,
+        limit: u32,
+        unit: Option<&str>,
+    ) -> Response<Bytes> {
+        let user = self.pseudonyms.of(user);
+        if let Some(skipped) = self.warnings.due(&self.warnings.cost) {
+            tracing::warn!(target: "tower_rate_tier", %user, tier, unit, cost, limit, skipped, "request cost exceeds the tier's burst");
+        }
+        self.event(&RateLimitEvent::CostExceedsLimit {
+            user: user.as_str(),
+            tier,
+            cost,
+            limit,
+        });
+        cost_exceeds_limit(tier, cost, limit, unit)
     }
 
     /// An identifier named a tier the configuration does not have.

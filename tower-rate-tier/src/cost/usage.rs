@@ -12,11 +12,11 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::Response;
 
-use super::Charge;
+use super::{Charge, Ledger};
 use crate::meter::{ContentMeter, UsageSink};
-use crate::quota::{CONTENT_BYTES, Unit};
+use crate::quota::CONTENT_BYTES;
 use crate::storage::{Amount, Decide, Decision, StorageError};
-use crate::tier::{CheckError, check_result, forgiven, settlement};
+use crate::tier::{CheckError, TierEntry, check_result, forgiven, moves_nothing, settlement};
 
 /// A refused reservation: the response to answer with, and whether the
 /// request stays counted (else the response carries the limiter's refusal
@@ -50,8 +50,7 @@ impl Charge {
         let refusals = &self.ledger.refusals;
         let shadowed = self.ledger.shadowed(&self.tier);
         let decided = match tiers.start_usage(self.user.id(), &self.tier, unit, Amount::Charge(n)) {
-            Ok(None) => return Ok(()),
-            Ok(Some(decide)) => check_result(&self.tier, decide.await),
+            Ok(decide) => check_result(&self.tier, decide.await),
             Err(error) => Err(error),
         };
         match decided {
@@ -82,7 +81,13 @@ impl Charge {
                 }
             }
             Err(error) => {
-                let refusal = refusals.check_failed(self.user.as_str(), &self.tier.name, n, &error);
+                let user = self.user.as_str();
+                let refusal = match error {
+                    CheckError::CostExceedsLimit { cost, limit, .. } => {
+                        refusals.above_burst(user, &self.tier.name, cost, limit, Some(unit))
+                    }
+                    error => refusals.check_failed(user, &self.tier.name, n, &error),
+                };
                 // A reservation that could never fit (403) is the client's
                 // own error: its request stays counted, so that asking for
                 // more than a burst never reaches the handler more often
@@ -105,13 +110,17 @@ impl Charge {
     pub(crate) fn record(&self, unit: &str, used: u32) {
         let reserved = self.take_reserved(unit);
         let amount = settlement(reserved, used);
+        if moves_nothing(amount) {
+            // used exactly what was reserved: recorded, nothing to ask
+            let refusals = &self.ledger.refusals;
+            return refusals.usage_recorded(self.user.as_str(), &self.tier.name, unit, used, 0);
+        }
         match self
             .ledger
             .tiers
             .start_usage(self.user.id(), &self.tier, unit, amount)
         {
-            Ok(None) => {}
-            Ok(Some(decide)) => self.settled(unit, used, decide),
+            Ok(decide) => self.settled(unit, used, decide),
             Err(error) => {
                 self.ledger
                     .refusals
@@ -121,45 +130,26 @@ impl Charge {
     }
 
     /// Reports what a settlement forgave, or lost, now or when the storage
-    /// answers.
+    /// answers (only then are the charge's names copied, for the task).
     fn settled(&self, unit: &str, used: u32, decide: Decide) {
-        let report = {
-            let ledger = self.ledger.clone();
-            let user = self.user.clone();
-            let tier = self.tier.clone();
-            let unit = unit.to_owned();
-            move |decided: Result<Decision, StorageError>| match decided {
-                Ok(decision) => {
-                    let units = tier.unit(&unit).map_or(0, |bands| forgiven(bands, &decision));
-                    ledger
-                        .refusals
-                        .usage_recorded(user.as_str(), &tier.name, &unit, used, units);
-                }
-                Err(error) => {
-                    let error = CheckError::Storage(error);
-                    ledger
-                        .refusals
-                        .usage_lost(user.as_str(), &tier.name, &unit, used, &error);
-                }
-            }
-        };
-        match decide.into_ready() {
-            Ok(decided) => report(decided),
+        let decided = match decide.into_ready() {
+            Ok(decided) => decided,
             Err(pending) => match tokio::runtime::Handle::try_current() {
                 Ok(runtime) => {
-                    runtime.spawn(async move { report(pending.await) });
+                    let (ledger, user, tier) = (self.ledger.clone(), self.user.clone(), self.tier.clone());
+                    let unit = unit.to_owned();
+                    runtime.spawn(async move {
+                        report(&ledger, user.as_str(), &tier, &unit, used, pending.await);
+                    });
+                    return;
                 }
-                Err(_) => {
-                    let error = CheckError::Storage(StorageError::new(
-                        crate::storage::StorageErrorKind::Other,
-                        "the storage waits and no tokio runtime runs here",
-                    ));
-                    self.ledger
-                        .refusals
-                        .usage_lost(self.user.as_str(), &self.tier.name, unit, used, &error);
-                }
+                Err(_) => Err(StorageError::new(
+                    crate::storage::StorageErrorKind::Other,
+                    "the storage waits and no tokio runtime runs here",
+                )),
             },
-        }
+        };
+        report(&self.ledger, self.user.as_str(), &self.tier, unit, used, decided);
     }
 
     /// Gives back `n` units of `unit` this charge reserved (a reservation
@@ -168,7 +158,10 @@ impl Charge {
         let reserved = self.take_reserved(unit);
         let back = n.min(reserved);
         self.add_reserved(unit, reserved - back);
-        if let Ok(Some(decide)) =
+        if back == 0 {
+            return;
+        }
+        if let Ok(decide) =
             self.ledger
                 .tiers
                 .start_usage(self.user.id(), &self.tier, unit, Amount::Refund(back))
@@ -192,8 +185,9 @@ impl Charge {
         if n == 0 {
             return;
         }
-        let Ok(unit) = Unit::new(unit) else { return };
-        let unit = unit.id();
+        let Some(unit) = self.tier.unit(unit).map(|u| u.unit.id()) else {
+            return;
+        };
         let mut state = self.lock();
         match state.reserved.iter_mut().find(|(u, _)| *u == unit) {
             Some((_, reserved)) => *reserved = reserved.saturating_add(n),
@@ -203,8 +197,9 @@ impl Charge {
 
     /// The units of `unit` reserved and not settled yet, now settled.
     fn take_reserved(&self, unit: &str) -> u32 {
-        let Ok(unit) = Unit::new(unit) else { return 0 };
-        let unit = unit.id();
+        let Some(unit) = self.tier.unit(unit).map(|u| u.unit.id()) else {
+            return 0;
+        };
         let mut state = self.lock();
         let at = state.reserved.iter().position(|(u, _)| *u == unit);
         at.map_or(0, |at| state.reserved.swap_remove(at).1)
@@ -221,5 +216,29 @@ impl Charge {
 impl UsageSink for Charge {
     fn content_bytes(&self, bytes: u64) {
         self.record(CONTENT_BYTES, u32::try_from(bytes).unwrap_or(u32::MAX));
+    }
+}
+
+/// Reports a settlement of `used` units of `unit` by `user` of `tier`:
+/// recorded (and what its debt bound forgave), or lost.
+fn report(
+    ledger: &Ledger,
+    user: &str,
+    tier: &TierEntry,
+    unit: &str,
+    used: u32,
+    decided: Result<Decision, StorageError>,
+) {
+    match decided {
+        Ok(decision) => {
+            let units = tier.unit(unit).map_or(0, |bands| forgiven(bands, &decision));
+            ledger
+                .refusals
+                .usage_recorded(user, &tier.name, unit, used, units);
+        }
+        Err(error) => {
+            let error = CheckError::Storage(error);
+            ledger.refusals.usage_lost(user, &tier.name, unit, used, &error);
+        }
     }
 }

@@ -20,13 +20,15 @@ pub(crate) enum UnitOutcome {
 
 const OUTCOMES: [&str; 3] = ["recorded", "forgiven", "lost"];
 
+/// A unit's name and its counters, one per [`UnitOutcome`].
+type UnitRow = (Box<str>, [Counter; 3]);
+
 /// The counters of every configured (tier, unit), registered when the
-/// layer is built (a unit added later gets its row at its first record).
-/// Labels are bounded: only units a tier has are counted.
+/// layer is built (a unit added later gets its row at its first record),
+/// found by the tier's name and the unit's without allocating. Labels are
+/// bounded: only units a tier has are counted.
 #[derive(Default)]
-pub(crate) struct UnitCounters(
-    dashmap::DashMap<(Box<str>, Box<str>), [Counter; 3], foldhash::fast::RandomState>,
-);
+pub(crate) struct UnitCounters(dashmap::DashMap<Box<str>, Vec<UnitRow>, foldhash::fast::RandomState>);
 
 impl UnitCounters {
     pub(crate) fn new(tiers: &RateTier) -> Self {
@@ -38,7 +40,7 @@ impl UnitCounters {
         let counters = UnitCounters::default();
         for tier in tiers.tier_names() {
             for unit in tiers.units(&tier) {
-                counters.count(&tier, &unit, UnitOutcome::Recorded, 0);
+                let _registered = counters.register(&tier, &unit);
             }
         }
         counters
@@ -47,12 +49,28 @@ impl UnitCounters {
     /// Adds `units` to the count of `outcome` for `unit` of `tier` (a unit
     /// the tier has: the caller checked).
     pub(crate) fn count(&self, tier: &str, unit: &str, outcome: UnitOutcome, units: u64) {
-        let key = (Box::from(tier), Box::from(unit));
-        let row = self.0.entry(key).or_insert_with(|| {
-            OUTCOMES.map(|outcome| {
-                metrics::counter!(UNITS_TOTAL, "tier" => tier.to_owned(), "unit" => unit.to_owned(), "outcome" => outcome)
-            })
+        if units == 0 {
+            return;
+        }
+        if let Some(row) = self.0.get(tier)
+            && let Some((_, counters)) = row.iter().find(|(u, _)| **u == *unit)
+        {
+            return counters[outcome as usize].increment(units);
+        }
+        self.register(tier, unit)[outcome as usize].increment(units);
+    }
+
+    /// The counters of `unit` of `tier`, registered now if they are not.
+    #[cold]
+    fn register(&self, tier: &str, unit: &str) -> [Counter; 3] {
+        let mut row = self.0.entry(tier.into()).or_default();
+        if let Some((_, counters)) = row.iter().find(|(u, _)| **u == *unit) {
+            return counters.clone();
+        }
+        let counters = OUTCOMES.map(|outcome| {
+            metrics::counter!(UNITS_TOTAL, "tier" => tier.to_owned(), "unit" => unit.to_owned(), "outcome" => outcome)
         });
-        row[outcome as usize].increment(units);
+        row.push((unit.into(), counters.clone()));
+        counters
     }
 }

@@ -62,7 +62,7 @@ pub use outcome::{CheckError, CheckResult, MAX_USER_ID_LEN, RateLimitInfo, RateL
 pub(crate) use outcome::{Detail, outcome};
 pub use units::MAX_REQUEST_BANDS;
 pub(crate) use units::{UnitBands, UnitQuotas};
-pub(crate) use usage::{forgiven, settlement};
+pub(crate) use usage::{forgiven, moves_nothing, settlement};
 pub(crate) use user::{User, UserId};
 
 /// One configured tier, shared by the [`RateTier`] and the outcomes of its

@@ -59,16 +59,7 @@ impl TierEntry {
         if self.units.is_empty() {
             return Op::Charge(cost);
         }
-        let mut amounts = Amounts::new();
-        for _ in 0..self.first_unit() {
-            amounts.push(Amount::Charge(cost), 0);
-        }
-        for unit in self.units.iter() {
-            for _ in unit.bands.iter() {
-                amounts.push(Amount::Require, unit.debt());
-            }
-        }
-        Op::Each(amounts)
+        Op::Each(self.amounts(Amount::Charge(cost), |_| Amount::Require))
     }
 
     /// The operation that gives `cost` back to the request bands (and
@@ -77,16 +68,7 @@ impl TierEntry {
         if self.units.is_empty() {
             return Op::Refund(cost);
         }
-        let mut amounts = Amounts::new();
-        for _ in 0..self.first_unit() {
-            amounts.push(Amount::Refund(cost), 0);
-        }
-        for unit in self.units.iter() {
-            for _ in unit.bands.iter() {
-                amounts.push(Amount::Charge(0), unit.debt());
-            }
-        }
-        Op::Each(amounts)
+        Op::Each(self.amounts(Amount::Refund(cost), |_| Amount::Charge(0)))
     }
 
     /// The operation that takes one of `slots` and admits a request of
@@ -102,21 +84,31 @@ impl TierEntry {
     /// The operation that does `amount` to `unit`'s bands and peeks every
     /// other band (each with its debt bound).
     pub(crate) fn on_unit(&self, unit: &UnitBands, amount: Amount) -> Op {
-        let mut amounts = Amounts::new();
-        for _ in 0..self.first_unit() {
-            amounts.push(Amount::Charge(0), 0);
-        }
-        for other in self.units.iter() {
-            let asked = if other.at == unit.at {
+        Op::Each(self.amounts(Amount::Charge(0), |other| {
+            if other.at == unit.at {
                 amount
             } else {
                 Amount::Charge(0)
-            };
-            for _ in other.bands.iter() {
-                amounts.push(asked, other.debt());
+            }
+        }))
+    }
+
+    /// An amount per band of [`TierEntry::decided`]: `requests` in each
+    /// request band, and in each unit's bands what `of_unit` asks of it,
+    /// with the unit's debt bound.
+    #[inline]
+    fn amounts(&self, requests: Amount, of_unit: impl Fn(&UnitBands) -> Amount) -> Amounts {
+        let mut amounts = Amounts::new();
+        for _ in 0..self.first_unit() {
+            amounts.push(requests, 0);
+        }
+        for unit in self.units.iter() {
+            let asked = of_unit(unit);
+            for _ in unit.bands.iter() {
+                amounts.push(asked, unit.debt());
             }
         }
-        Op::Each(amounts)
+        amounts
     }
 
     /// Where the unit bands start in [`TierEntry::decided`]: after the
@@ -174,13 +166,14 @@ impl TierEntry {
         let mut decided = requests.to_vec();
         let mut placed = Vec::with_capacity(units.len());
         for (unit, bands) in units {
+            let at = decided.len();
+            decided.extend_from_slice(&bands);
             placed.push(UnitBands {
                 unit,
-                at: decided.len(),
+                at,
                 max: bands.iter().map(Quota::burst).min().unwrap_or(0),
-                bands: bands.clone(),
+                bands,
             });
-            decided.extend_from_slice(&bands);
         }
         if decided.is_empty() {
             // an unlimited tier without units: its one unlimited band

@@ -27,9 +27,9 @@
 //! ```
 
 use super::{CheckError, CheckResult, RateTier, TierEntry, UnitBands, UserId, check_result};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::storage::{Amount, Decide, Decision};
+use crate::throttle::Throttle;
 
 impl RateTier {
     /// Charges `n` units of `unit` that `user` of `tier` used, whatever is
@@ -44,9 +44,11 @@ impl RateTier {
         let entry = table
             .find(tier)
             .ok_or_else(|| CheckError::UnknownTier(tier.to_owned()))?;
-        let Some(decide) = self.start_usage(user, entry, unit, Amount::Force(n))? else {
-            return Ok(());
-        };
+        if n == 0 {
+            // nothing to charge; the unit must still be one of the tier's
+            return unit_bands(entry, unit).map(|_| ());
+        }
+        let decide = self.start_usage(user, entry, unit, Amount::Force(n))?;
         let decision = match decide.into_ready() {
             Ok(decision) => decision?,
             Err(pending) => {
@@ -54,11 +56,11 @@ impl RateTier {
                 let entry = entry.clone();
                 drop(table);
                 let decision = pending.await?;
-                self.inner.forgiven.report(decision.now, &entry, unit, &decision);
+                self.inner.forgiven.report(&entry, unit, &decision);
                 return Ok(());
             }
         };
-        self.inner.forgiven.report(decision.now, entry, unit, &decision);
+        self.inner.forgiven.report(entry, unit, &decision);
         Ok(())
     }
 
@@ -71,13 +73,11 @@ impl RateTier {
     pub async fn reserve(&self, user: &str, tier: &str, unit: &str, n: u32) -> CheckResult {
         let entry = self.unit_tier(tier, unit)?;
         let user = UserId::new(user).ok_or(CheckError::InvalidUserId)?;
-        match self.start_usage(user, &entry, unit, Amount::Charge(n))? {
-            Some(decide) => check_result(&entry, decide.await),
-            None => Ok(Ok(super::RateLimitInfo::unlimited(
-                &entry,
-                self.inner.clock.now(),
-            ))),
-        }
+        // (a reservation of 0 is a peek of the unit: its state)
+        check_result(
+            &entry,
+            self.start_usage(user, &entry, unit, Amount::Charge(n))?.await,
+        )
     }
 
     /// Settles a reservation of `reserved` units of `unit` once `used` is
@@ -93,8 +93,9 @@ impl RateTier {
     ) -> Result<(), CheckError> {
         let entry = self.unit_tier(tier, unit)?;
         let user = UserId::new(user).ok_or(CheckError::InvalidUserId)?;
-        if let Some(decide) = self.start_usage(user, &entry, unit, settlement(reserved, used))? {
-            decide.await?;
+        let amount = settlement(reserved, used);
+        if !moves_nothing(amount) {
+            self.start_usage(user, &entry, unit, amount)?.await?;
         }
         Ok(())
     }
@@ -104,87 +105,68 @@ impl RateTier {
         let entry = self
             .resolve(tier)
             .ok_or_else(|| CheckError::UnknownTier(tier.to_owned()))?;
-        if entry.unit(unit).is_none() {
-            return Err(CheckError::UnknownUnit {
-                tier: tier.to_owned(),
-                unit: unit.to_owned(),
-            });
-        }
+        unit_bands(&entry, unit)?;
         Ok(entry)
     }
 
-    /// Starts doing `amount` to the bands of `unit` of `user` in `tier`;
-    /// `None` when there is nothing to do (a forced charge or a refund of
-    /// 0). A charge above
-    /// the unit's smallest burst could never fit, and an unknown unit is
-    /// refused.
+    /// Starts doing `amount` to the bands of `unit` of `user` in `tier`.
+    /// A charge above the unit's smallest burst could never fit, and an
+    /// unknown unit is refused. (An amount that moves nothing is its
+    /// callers' to skip: see [`moves_nothing`].)
     pub(crate) fn start_usage(
         &self,
         user: UserId<'_>,
         tier: &TierEntry,
         unit: &str,
         amount: Amount,
-    ) -> Result<Option<Decide>, CheckError> {
-        let Some(bands) = tier.unit(unit) else {
-            return Err(CheckError::UnknownUnit {
+    ) -> Result<Decide, CheckError> {
+        let bands = unit_bands(tier, unit)?;
+        if let Amount::Charge(n) = amount
+            && n > bands.max
+        {
+            return Err(CheckError::CostExceedsLimit {
                 tier: tier.name.to_string(),
-                unit: unit.to_owned(),
+                cost: n,
+                limit: bands.max,
             });
-        };
-        match amount {
-            // (a charge of 0 is a peek of the unit: decided, for its state)
-            Amount::Force(0) | Amount::Refund(0) => return Ok(None),
-            Amount::Charge(n) if n > bands.max => {
-                return Err(CheckError::CostExceedsLimit {
-                    tier: format!("{} ({unit})", tier.name),
-                    cost: n,
-                    limit: bands.max,
-                });
-            }
-            _ => {}
         }
         let op = tier.on_unit(bands, amount);
-        Ok(Some(tier.scope.decide(
-            user.as_str(),
-            &tier.decided,
-            op,
-            &self.inner.clock,
-        )))
+        Ok(tier
+            .scope
+            .decide(user.as_str(), &tier.decided, op, &self.inner.clock))
     }
 }
 
 /// The warning of usage a program's record forgave: at most one per 10 s
 /// per limiter, with the number of records not written since.
 #[derive(Debug, Default)]
-pub(crate) struct ForgivenWarning {
-    /// When it was last written (the limiter's clock, ns; 0: never).
-    last: AtomicU64,
-    skipped: AtomicU64,
-}
-
-const WARN_EVERY_NS: u64 = 10_000_000_000;
+pub(crate) struct ForgivenWarning(Throttle);
 
 impl ForgivenWarning {
     /// Logs the usage of `unit` a decision of `tier` forgave, if any.
-    fn report(&self, now: u64, tier: &TierEntry, unit: &str, decision: &Decision) {
+    fn report(&self, tier: &TierEntry, unit: &str, decision: &Decision) {
         let forgiven = tier.unit(unit).map_or(0, |bands| forgiven(bands, decision));
         if forgiven == 0 {
             return;
         }
-        let last = self.last.load(Ordering::Relaxed);
-        let due = last == 0 || now.saturating_sub(last) >= WARN_EVERY_NS;
-        if due
-            && self
-                .last
-                .compare_exchange(last, now.max(1), Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
-        {
-            let skipped = self.skipped.swap(0, Ordering::Relaxed);
+        if let Some(skipped) = self.0.due(decision.now / 1_000_000) {
             tracing::warn!(target: "tower_rate_tier", tier = %tier.name, unit, forgiven, skipped, "usage beyond the unit's debt bound was forgiven");
-        } else {
-            self.skipped.fetch_add(1, Ordering::Relaxed);
         }
     }
+}
+
+/// The bands of `unit` of `tier`, or the error naming both.
+fn unit_bands<'a>(tier: &'a TierEntry, unit: &str) -> Result<&'a UnitBands, CheckError> {
+    tier.unit(unit).ok_or_else(|| CheckError::UnknownUnit {
+        tier: tier.name.to_string(),
+        unit: unit.to_owned(),
+    })
+}
+
+/// Whether `amount` changes nothing (a forced charge or a refund of 0):
+/// nothing to ask the storage.
+pub(crate) fn moves_nothing(amount: Amount) -> bool {
+    matches!(amount, Amount::Force(0) | Amount::Refund(0))
 }
 
 /// What settles a reservation of `reserved` units once `used` is known.
