@@ -75,38 +75,35 @@ fn decide_one(
     (d, d.new_tat.map(Some))
 }
 
-/// [`decide_bands`] for anything but a charge of one band.
+/// [`decide_bands`] for anything but a charge of one band: each band
+/// decided once and written at once; when the decision is refused, every
+/// band goes back to its stored time, then takes what a refusal writes (see
+/// [`decide_bands`]).
 fn decide_many(tats: &mut [Option<Nanos>], now: Nanos, bands: &[Quota], op: Op) -> Decision {
-    let mut writes = [None; MAX_BANDS];
+    let n = tats.len().min(bands.len()).min(MAX_BANDS);
+    let (tats, bands) = (&mut tats[..n], &bands[..n]);
+    let mut stored = [None; MAX_BANDS];
+    stored[..n].copy_from_slice(tats);
     let mut states = BandStates::new();
     let mut allowed = true;
-    for (i, ((tat, quota), write)) in tats.iter().zip(bands).zip(&mut writes).enumerate() {
+    for (i, (tat, quota)) in tats.iter_mut().zip(bands).enumerate() {
         let (amount, debt) = op.band(i);
-        let (d, w) = decide_one(*tat, now, quota, amount, debt);
+        let (d, write) = decide_one(*tat, now, quota, amount, debt);
         allowed &= d.allowed;
-        *write = w;
+        if let Some(write) = write {
+            *tat = write;
+        }
         states.push(d.state);
     }
     if !allowed {
         // A band that refused wrote at most its clamp; every other one
         // (admitting, forced, refunded) reports (and clamps) as a peek.
-        for (i, (((state, write), tat), quota)) in states
-            .iter_mut()
-            .zip(&mut writes)
-            .zip(&*tats)
-            .zip(bands)
-            .enumerate()
-        {
+        for (i, ((tat, quota), state)) in tats.iter_mut().zip(bands).zip(states.iter_mut()).enumerate() {
             if state.retry_after_ns == 0 {
-                let peek = gcra::decide_within(*tat, now, quota, 0, op.band(i).1);
+                let peek = gcra::decide_within(stored[i], now, quota, 0, op.band(i).1);
                 *state = peek.state;
-                *write = peek.new_tat.map(Some);
+                *tat = peek.new_tat.or(stored[i]);
             }
-        }
-    }
-    for (tat, write) in tats.iter_mut().zip(writes) {
-        if let Some(write) = write {
-            *tat = write;
         }
     }
     Decision::new(allowed, now, states)

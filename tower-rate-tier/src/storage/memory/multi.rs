@@ -22,6 +22,13 @@ pub(super) fn lookup(stored: &Tats, names: &[BandName]) -> [Option<Nanos>; MAX_B
     tats
 }
 
+/// Whether `stored` holds exactly the bands of `names`, in their order: the
+/// usual case (a key decided by the same tier each time), whose times are
+/// read and written by position, without a search by name.
+fn same_layout(stored: &Tats, names: &[BandName]) -> bool {
+    stored.len() == names.len() && stored.iter().zip(names).all(|((n, _), name)| n == name)
+}
+
 /// `tats` under `names`, a band at a fresh state kept as an expired time
 /// (the GC removes the key once every band has expired).
 pub(super) fn store(names: &[BandName], tats: &[Option<Nanos>], now: Nanos) -> Tats {
@@ -38,19 +45,11 @@ pub(super) fn store(names: &[BandName], tats: &[Option<Nanos>], now: Nanos) -> T
 /// they are live.
 const MAX_STORED: usize = 2 * MAX_BANDS;
 
-/// Writes `tats` under `names` into `stored`: in place when it holds the
-/// same bands in the same order (no allocation), else merged: the bands of
-/// this decision, and the stored bands of others whose times have not
-/// passed (so that one band set's decision never wipes another's state),
-/// at most [`MAX_STORED`].
-fn store_into(stored: &mut Tats, names: &[BandName], tats: &[Option<Nanos>], now: Nanos) {
-    let same = stored.len() == names.len() && stored.iter().zip(names).all(|((n, _), name)| n == name);
-    if same {
-        for ((_, kept), tat) in stored.iter_mut().zip(tats) {
-            *kept = tat.unwrap_or(now);
-        }
-        return;
-    }
+/// Writes `tats` under `names` into `stored`, whose layout differs from
+/// `names` (see [`same_layout`]): the bands of this decision, and the stored
+/// bands of others whose times have not passed (so that one band set's
+/// decision never wipes another's state), at most [`MAX_STORED`].
+fn store_merged(stored: &mut Tats, names: &[BandName], tats: &[Option<Nanos>], now: Nanos) {
     let others = stored
         .iter()
         .filter(|(name, tat)| *tat > now && !names.contains(name))
@@ -101,10 +100,21 @@ impl Inner {
         {
             if let Some(mut stored) = scope.multi.get_mut(user) {
                 let now = clock.now();
+                // a band fresh again (a refund) is kept expired, for the GC
+                if same_layout(&stored, names) {
+                    let mut tats = [None; MAX_BANDS];
+                    for (tat, &(_, kept)) in tats.iter_mut().zip(stored.iter()) {
+                        *tat = Some(kept);
+                    }
+                    let decision = crate::storage::decide_bands(&mut tats[..n], now, bands, op);
+                    for ((_, kept), tat) in stored.iter_mut().zip(&tats) {
+                        *kept = tat.unwrap_or(now);
+                    }
+                    return Ok(decision);
+                }
                 let mut tats = lookup(&stored, names);
                 let decision = crate::storage::decide_bands(&mut tats[..n], now, bands, op);
-                // a band fresh again (a refund) is kept expired, for the GC
-                store_into(&mut stored, names, &tats[..n], now);
+                store_merged(&mut stored, names, &tats[..n], now);
                 return Ok(decision);
             }
             // a key of the one-band map whose band is one of these moves

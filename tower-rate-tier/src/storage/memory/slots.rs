@@ -43,38 +43,43 @@ impl Inner {
             Some(set) => set,
             None => self.new_set(scope, user),
         };
-        let now = clock.now();
-        set.expire(now);
-        let in_use = set.in_use();
-        if in_use >= slots.limit {
-            // nothing charged
-            let state = SlotState {
-                limit: slots.limit,
-                in_use,
-                lease: None,
-                refused: true,
-            };
-            return Ok(Decision::new(false, now, BandStates::new()).with_slots(state));
+        // Fewer leases than the limit leave a slot free whatever has
+        // expired: the rate decision then reads the time. Only a set at its
+        // limit needs the time first, to let passed leases go.
+        if set.in_use() >= slots.limit {
+            let now = clock.now();
+            set.expire(now);
+            let in_use = set.in_use();
+            if in_use >= slots.limit {
+                let state = SlotState {
+                    limit: slots.limit,
+                    in_use,
+                    lease: None,
+                    refused: true,
+                };
+                return Ok(Decision::new(false, now, BandStates::new()).with_slots(state));
+            }
         }
         if bands.is_empty() || bands.iter().any(Quota::is_unlimited) {
+            let now = clock.now();
             return Ok(Decision::new(true, now, BandStates::new()).with_slots(set.acquire(id, now, &slots)));
         }
-        // The rate state's lock is taken inside this one, never the other
-        // way round (an inline sweep at the key cap leaves slot sets alone).
         let decision = match self.decide(scope, user, bands, op, clock) {
             Ok(decision) => decision,
             Err(error) => {
+                let in_use = set.in_use();
                 drop(set);
                 self.forget_if_empty(scope, user, in_use);
                 return Err(error);
             }
         };
         if decision.allowed {
-            let state = set.acquire(id, now, &slots);
+            let state = set.acquire(id, decision.now, &slots);
             return Ok(decision.with_slots(state));
         }
+        set.expire(decision.now);
+        let in_use = set.in_use();
         drop(set);
-        // refused by the rate: a set this left empty goes as a release's does
         self.forget_if_empty(scope, user, in_use);
         let state = SlotState {
             limit: slots.limit,
@@ -85,8 +90,6 @@ impl Inner {
         Ok(decision.with_slots(state))
     }
 
-    /// After a decision that took no slot: removes the user's set when it
-    /// is empty and the sets are past the key cap, as a release does.
     fn forget_if_empty(&self, scope: &Scope, user: &str, in_use: u32) {
         if in_use == 0 && self.slot_sets.load(Ordering::Relaxed) > self.max_keys {
             self.remove_empty_set(scope, user);
