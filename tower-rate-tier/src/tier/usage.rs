@@ -44,11 +44,12 @@ impl RateTier {
         let entry = table
             .find(tier)
             .ok_or_else(|| CheckError::UnknownTier(tier.to_owned()))?;
+        let bands = unit_bands(entry, unit)?;
         if n == 0 {
             // nothing to charge; the unit must still be one of the tier's
-            return unit_bands(entry, unit).map(|_| ());
+            return Ok(());
         }
-        let decide = self.start_usage(user, entry, unit, Amount::Force(n))?;
+        let decide = self.start_on(user, entry, bands, Amount::Force(n))?;
         let decision = match decide.into_ready() {
             Ok(decision) => decision?,
             Err(pending) => {
@@ -56,11 +57,13 @@ impl RateTier {
                 let entry = entry.clone();
                 drop(table);
                 let decision = pending.await?;
-                self.inner.forgiven.report(&entry, unit, &decision);
+                if let Some(bands) = entry.unit(unit) {
+                    self.inner.forgiven.report(&entry, bands, &decision);
+                }
                 return Ok(());
             }
         };
-        self.inner.forgiven.report(entry, unit, &decision);
+        self.inner.forgiven.report(entry, bands, &decision);
         Ok(())
     }
 
@@ -120,7 +123,17 @@ impl RateTier {
         unit: &str,
         amount: Amount,
     ) -> Result<Decide, CheckError> {
-        let bands = unit_bands(tier, unit)?;
+        self.start_on(user, tier, unit_bands(tier, unit)?, amount)
+    }
+
+    /// [`RateTier::start_usage`] on the bands of a unit already found.
+    fn start_on(
+        &self,
+        user: UserId<'_>,
+        tier: &TierEntry,
+        bands: &UnitBands,
+        amount: Amount,
+    ) -> Result<Decide, CheckError> {
         if let Amount::Charge(n) = amount
             && n > bands.max
         {
@@ -143,13 +156,15 @@ impl RateTier {
 pub(crate) struct ForgivenWarning(Throttle);
 
 impl ForgivenWarning {
-    /// Logs the usage of `unit` a decision of `tier` forgave, if any.
-    fn report(&self, tier: &TierEntry, unit: &str, decision: &Decision) {
-        let forgiven = tier.unit(unit).map_or(0, |bands| forgiven(bands, decision));
+    /// Logs the usage of the unit of `bands` a decision of `tier` forgave,
+    /// if any.
+    fn report(&self, tier: &TierEntry, bands: &UnitBands, decision: &Decision) {
+        let forgiven = forgiven(bands, decision);
         if forgiven == 0 {
             return;
         }
         if let Some(skipped) = self.0.due(decision.now / 1_000_000) {
+            let unit = bands.unit.as_str();
             tracing::warn!(target: "tower_rate_tier", tier = %tier.name, unit, forgiven, skipped, "usage beyond the unit's debt bound was forgiven");
         }
     }
