@@ -81,3 +81,34 @@ fn a_spent_user_stays_spent_when_another_window_claims_the_first_map() {
     assert!(ready(storage.decide(key("c"), &day, Op::Charge(1), &clock)).allowed);
     assert!(!ready(storage.decide(key("c"), &day, Op::Charge(1), &clock)).allowed);
 }
+
+/// One key decided by two band sets in turn (a tier's bands, and a
+/// contract's with another second band): each set's decision reads and
+/// writes its own bands' times, by position while the key holds exactly
+/// its bands, and never wipes the other set's state.
+#[test]
+fn two_band_sets_on_one_key_keep_each_others_state() {
+    let clock: Arc<dyn Clock> = Arc::new(FakeClock::new());
+    let storage = MemoryStorage::new();
+    let tier = [Quota::per_second(100), Quota::per_minute(3)];
+    let contract = [Quota::per_second(100), Quota::per_hour(2)];
+    let remaining = |d: &Decision| d.bands.iter().map(|s| s.remaining).collect::<Vec<_>>();
+    let d = ready(storage.decide(key("ada"), &tier, Op::Charge(1), &clock));
+    assert_eq!(remaining(&d), [99, 2]);
+    // the same layout again: written in place
+    let d = ready(storage.decide(key("ada"), &tier, Op::Charge(1), &clock));
+    assert_eq!(remaining(&d), [98, 1]);
+    // the contract's set: the shared per-second band, and its own hour
+    let d = ready(storage.decide(key("ada"), &contract, Op::Charge(1), &clock));
+    assert_eq!(remaining(&d), [97, 1]);
+    // back to the tier's set: its minute band kept through the other's
+    let d = ready(storage.decide(key("ada"), &tier, Op::Charge(1), &clock));
+    assert_eq!(remaining(&d), [96, 0]);
+    let refused = ready(storage.decide(key("ada"), &tier, Op::Charge(1), &clock));
+    assert!(!refused.allowed);
+    assert_eq!(remaining(&refused), [96, 0]);
+    // and the contract's hour band kept through the tier's
+    let d = ready(storage.decide(key("ada"), &contract, Op::Charge(1), &clock));
+    assert_eq!(remaining(&d), [95, 0]);
+    assert!(!ready(storage.decide(key("ada"), &contract, Op::Charge(1), &clock)).allowed);
+}
