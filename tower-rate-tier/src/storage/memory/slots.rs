@@ -51,6 +51,7 @@ impl Inner {
             set.expire(now);
             let in_use = set.in_use();
             if in_use >= slots.limit {
+                // nothing charged
                 let state = SlotState {
                     limit: slots.limit,
                     in_use,
@@ -64,6 +65,8 @@ impl Inner {
             let now = clock.now();
             return Ok(Decision::new(true, now, BandStates::new()).with_slots(set.acquire(id, now, &slots)));
         }
+        // The rate state's lock is taken inside this one, never the other
+        // way round (an inline sweep at the key cap leaves slot sets alone).
         let decision = match self.decide(scope, user, bands, op, clock) {
             Ok(decision) => decision,
             Err(error) => {
@@ -80,6 +83,7 @@ impl Inner {
         set.expire(decision.now);
         let in_use = set.in_use();
         drop(set);
+        // refused by the rate: a set this left empty goes as a release's does
         self.forget_if_empty(scope, user, in_use);
         let state = SlotState {
             limit: slots.limit,
@@ -90,6 +94,8 @@ impl Inner {
         Ok(decision.with_slots(state))
     }
 
+    /// After a decision that took no slot: removes the user's set when it
+    /// is empty and the sets are past the key cap, as a release does.
     fn forget_if_empty(&self, scope: &Scope, user: &str, in_use: u32) {
         if in_use == 0 && self.slot_sets.load(Ordering::Relaxed) > self.max_keys {
             self.remove_empty_set(scope, user);
