@@ -100,7 +100,7 @@ use std::fmt;
 use metrics::{Counter, SharedString, Unit};
 
 use crate::policy::{OnMissing, OnStorageError, OnUnknownTier};
-use crate::tier::{CheckError, CheckResult, RateTier};
+use crate::tier::{CheckError, RateLimited, RateTier};
 use slots::SlotGauges;
 pub use storage::MeteredStorage;
 pub(crate) use units::{UnitCounters, UnitOutcome};
@@ -346,7 +346,13 @@ impl RequestCounters {
 
     /// Counts a charged request by what its check answered (`shadowed`:
     /// a would-be refusal is let through).
-    pub(crate) fn check(&self, tier: &str, result: &CheckResult, policy: OnStorageError, shadowed: bool) {
+    pub(crate) fn check<T>(
+        &self,
+        tier: &str,
+        result: &Result<Result<T, RateLimited>, CheckError>,
+        policy: OnStorageError,
+        shadowed: bool,
+    ) {
         let outcome = match result {
             Ok(Ok(_)) => Outcome::Allowed,
             Ok(Err(_)) if shadowed => Outcome::ShadowLimited,

@@ -101,21 +101,22 @@ pub use crate::headers::{
 pub use crate::problem::QUOTA_EXCEEDED;
 use crate::problem::quota_exceeded;
 use crate::quota::Quota;
-use crate::tier::{RateLimitInfo, RateLimited};
+use crate::storage::{BandState, Decision, SlotState};
+use crate::tier::{Detail, RateLimitInfo, RateLimited, Reported, TierEntry, reset_at_unix_secs};
 
 fn insert_common(headers: &mut HeaderMap, info: Fields<'_>, which: RateLimitHeaders) {
-    let tier = &info.detail.tier.headers;
+    let tier = &info.tier.headers;
     // One growth of the map at most, rather than one per field.
     headers.reserve(if which.openai() { 5 + tier.openai.len() } else { 5 });
-    let slots = info.detail.slots;
+    let slots = info.slots;
     let by_slots = slots.is_some_and(|s| s.refused);
     // an unlimited tier reports a refusal (by its concurrency limit or a
     // unit), never an admission
-    if which.legacy() && (!info.allowed || !info.detail.tier.unlimited) {
+    if which.legacy() && (!info.allowed || !info.tier.unlimited) {
         // a refusal by concurrency reports the concurrency limit
         let limit = match (&tier.slots, by_slots) {
             (Some(item), true) => Some(&item.limit),
-            _ => tier.limits.get(info.detail.band),
+            _ => tier.limits.get(info.band),
         };
         if let Some(limit) = limit {
             headers.insert(X_RATELIMIT_LIMIT, limit.clone());
@@ -123,10 +124,10 @@ fn insert_common(headers: &mut HeaderMap, info: Fields<'_>, which: RateLimitHead
         headers.insert(X_RATELIMIT_REMAINING, number(u64::from(info.remaining)));
         headers.insert(X_RATELIMIT_RESET, number(info.reset_at));
     }
-    let bands: &[crate::storage::BandState] = if info.detail.tier.counts_nothing() {
+    let bands: &[crate::storage::BandState] = if info.tier.counts_nothing() {
         &[]
     } else {
-        &info.detail.bands
+        info.bands
     };
     if which.ietf() {
         if let Some(policy) = &tier.policy {
@@ -143,10 +144,54 @@ fn insert_common(headers: &mut HeaderMap, info: Fields<'_>, which: RateLimitHead
 
 /// What the fields of both outcomes are made of.
 struct Fields<'a> {
-    detail: &'a crate::tier::Detail,
+    tier: &'a TierEntry,
+    /// Every band's state, in the tier's order.
+    bands: &'a [BandState],
+    /// The reported band.
+    band: usize,
+    slots: Option<SlotState>,
     allowed: bool,
     remaining: u32,
     reset_at: u64,
+}
+
+impl<'a> Fields<'a> {
+    fn of(detail: &'a Detail, allowed: bool, remaining: u32, reset_at: u64) -> Self {
+        Fields {
+            tier: &detail.tier,
+            bands: &detail.bands,
+            band: detail.band,
+            slots: detail.slots,
+            allowed,
+            remaining,
+            reset_at,
+        }
+    }
+}
+
+/// The chosen fields of an admission of `tier` from the storage's
+/// `decision` as it stands, without building a [`RateLimitInfo`]: what
+/// [`apply_info_fields`] adds for the outcome of that decision.
+pub(crate) fn apply_admitted_fields(
+    headers: &mut HeaderMap,
+    tier: &TierEntry,
+    decision: &Decision,
+    which: RateLimitHeaders,
+) {
+    if (tier.counts_nothing() && decision.slots.is_none()) || which == RateLimitHeaders::NONE {
+        return;
+    }
+    let Reported { band, state, .. } = Reported::of(tier, decision);
+    let fields = Fields {
+        tier,
+        bands: &decision.bands,
+        band,
+        slots: decision.slots,
+        allowed: true,
+        remaining: state.remaining,
+        reset_at: reset_at_unix_secs(decision.now, state.reset_after_ns),
+    };
+    insert_common(headers, fields, which);
 }
 
 /// Adds the headers of an admitted request (none for an unlimited tier).
@@ -167,12 +212,7 @@ pub fn apply_info_fields(headers: &mut HeaderMap, info: &RateLimitInfo, which: R
     if (info.detail.tier.counts_nothing() && info.slots().is_none()) || which == RateLimitHeaders::NONE {
         return;
     }
-    let fields = Fields {
-        detail: &info.detail,
-        allowed: true,
-        remaining: info.remaining,
-        reset_at: info.reset_at_unix_secs(),
-    };
+    let fields = Fields::of(&info.detail, true, info.remaining, info.reset_at_unix_secs());
     insert_common(headers, fields, which);
 }
 
@@ -182,12 +222,12 @@ pub fn apply_limited_fields(headers: &mut HeaderMap, limited: &RateLimited, whic
     if which == RateLimitHeaders::NONE {
         return;
     }
-    let fields = Fields {
-        detail: &limited.detail,
-        allowed: false,
-        remaining: limited.remaining,
-        reset_at: limited.reset_at_unix_secs(),
-    };
+    let fields = Fields::of(
+        &limited.detail,
+        false,
+        limited.remaining,
+        limited.reset_at_unix_secs(),
+    );
     insert_common(headers, fields, which);
 }
 

@@ -13,8 +13,11 @@ use super::learned::{Learned, RouteKey};
 use crate::body::Refusal;
 use crate::headers::RateLimitHeaders;
 use crate::refusal::{Refusals, missing_limiter};
-use crate::response::{apply_info_fields, apply_limited_fields};
-use crate::tier::{Begun, CheckError, RateLimitInfo, RateLimited, RateTier, TierEntry, User, check_result};
+use crate::response::{apply_admitted_fields, apply_limited_fields};
+use crate::storage::Decision;
+use crate::tier::{
+    Begun, CheckError, RateLimitInfo, RateLimited, RateTier, TierEntry, User, check_result, refund_requests,
+};
 
 /// What a limiter's charges need of it: its tiers, how it refuses, and the
 /// route costs it learned.
@@ -43,8 +46,9 @@ pub(crate) type RefundOn = dyn Fn(http::StatusCode) -> bool + Send + Sync;
 /// What a charge ended as.
 #[derive(Debug, Clone)]
 pub(crate) enum Outcome {
-    /// Admitted: headers from this state.
-    Admitted(RateLimitInfo),
+    /// Admitted: headers from the storage's decision as it stands (the
+    /// general outcome, [`RateLimitInfo`], is never built for them).
+    Admitted(Decision),
     /// Would have been refused, let through by shadow mode: headers of this
     /// state, without `Retry-After`.
     Shadowed(RateLimited),
@@ -170,14 +174,16 @@ impl Charge {
             // The inner service's answer is one the layer was told to give
             // the charge back for.
             let charged = std::mem::take(&mut state.charged);
-            if let Outcome::Admitted(info) = &mut state.outcome {
-                info.refunded(charged);
+            if let Outcome::Admitted(decision) = &mut state.outcome {
+                refund_requests(&mut decision.bands, &self.tier, charged);
             }
             self.give_back_now(charged);
         }
         let which = self.ledger.headers;
         match &state.outcome {
-            Outcome::Admitted(info) => apply_info_fields(response.headers_mut(), info, which),
+            Outcome::Admitted(decision) => {
+                apply_admitted_fields(response.headers_mut(), &self.tier, decision, which)
+            }
             Outcome::Shadowed(limited) => apply_limited_fields(response.headers_mut(), limited, which),
             Outcome::Refused | Outcome::Bypass => {}
         }
@@ -238,8 +244,8 @@ impl Charge {
                     let mut state = self.lock();
                     state.charged = declared;
                     state.source = source;
-                    if let Outcome::Admitted(info) = &mut state.outcome {
-                        info.refunded(excess);
+                    if let Outcome::Admitted(decision) = &mut state.outcome {
+                        refund_requests(&mut decision.bands, &self.tier, excess);
                     }
                 }
                 // Over-charged rather than under-charged; still admitted.
@@ -355,7 +361,7 @@ impl Charge {
         let mut state = self.lock();
         state.charged = charged;
         state.source = source;
-        state.outcome = Outcome::Admitted(info);
+        state.outcome = Outcome::Admitted(info.into_decision());
     }
 
     async fn storage_failed(

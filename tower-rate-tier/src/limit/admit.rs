@@ -15,8 +15,8 @@ use crate::policy::{OnMissing, OnUnknownTier};
 use crate::problem::problem;
 use crate::refusal::Refusals;
 use crate::slot::SlotGuard;
-use crate::storage::{Decide, DecisionSource, StorageError, StorageErrorKind};
-use crate::tier::{Begun, CheckError, CheckResult, TierEntry, User, check_result};
+use crate::storage::{Decide, Decision, DecisionSource, StorageError, StorageErrorKind};
+use crate::tier::{Begun, CheckError, CheckResult, RateLimitInfo, TierEntry, User, check_result};
 
 /// The key `ClientAddrs::anonymous_key` gives an unidentified client
 /// without a peer address (`limit/tests.rs` checks the two agree).
@@ -170,9 +170,19 @@ pub(crate) async fn identify(config: &LayerConfig, parts: &Parts) -> Option<Tier
 /// The storage's answer to a bill.
 pub(crate) enum Decided {
     /// Known now.
-    Now(CheckResult),
+    Now(Answer),
     /// To be awaited (Redis).
     Pending(Decide),
+}
+
+/// What decided a bill.
+pub(crate) enum Answer {
+    /// The storage: its decision as it stands (an admission is read as it
+    /// is, without building the general outcome).
+    Storage(Result<Decision, StorageError>),
+    /// The limiter, without asking the storage: an unlimited tier, or a
+    /// cost no request of the tier can pay.
+    Early(CheckResult),
 }
 
 /// Asks the storage to decide the bill.
@@ -182,9 +192,9 @@ pub(crate) fn decide(config: &LayerConfig, bill: &Bill) -> Decided {
         .tiers
         .begin(bill.user.id(), &bill.tier, bill.cost, true)
     {
-        Begun::Answered(answered) => Decided::Now(answered),
+        Begun::Answered(answered) => Decided::Now(Answer::Early(answered)),
         Begun::Asked(decide) => match decide.into_ready() {
-            Ok(decision) => Decided::Now(check_result(&bill.tier, decision)),
+            Ok(decision) => Decided::Now(Answer::Storage(decision)),
             Err(pending) => Decided::Pending(pending),
         },
     }
@@ -236,7 +246,7 @@ pub(crate) fn admission(
     config: &Arc<LayerConfig>,
     head: &mut impl Head,
     bill: Bill,
-    result: CheckResult,
+    answer: Answer,
 ) -> Admission {
     let Bill {
         user,
@@ -246,8 +256,15 @@ pub(crate) fn admission(
         priced,
     } = bill;
     let learned = priced != Priced::Fresh;
+    // An admission stays the storage's decision: its fields are written from
+    // it and the tier on the way out.
+    let result = match answer {
+        Answer::Storage(Ok(decision)) if decision.allowed => Ok(Ok(decision)),
+        Answer::Storage(decided) => check_result(&tier, decided).map(|r| r.map(RateLimitInfo::into_decision)),
+        Answer::Early(result) => result.map(|r| r.map(RateLimitInfo::into_decision)),
+    };
     let result = match result {
-        Ok(Ok(info)) if tier.concurrency.is_some() && info.slots().and_then(|s| s.lease).is_none() => {
+        Ok(Ok(decision)) if tier.concurrency.is_some() && decision.slots.and_then(|s| s.lease).is_none() => {
             Err(CheckError::Storage(StorageError::new(
                 StorageErrorKind::Other,
                 "the storage admitted a request of a tier with a concurrency limit without taking a slot: \
@@ -267,7 +284,7 @@ pub(crate) fn admission(
         );
     }
     if let Ok(decided) = &result {
-        let source = decided.as_ref().map_or_else(|l| l.source(), |i| i.source());
+        let source = decided.as_ref().map_or_else(|l| l.source(), |d| d.source);
         if source == DecisionSource::Overflow {
             config.ledger.refusals.overflow(user.as_str(), &tier.name);
         }
@@ -276,7 +293,7 @@ pub(crate) fn admission(
         }
     }
     match result {
-        Ok(Ok(info)) => {
+        Ok(Ok(decision)) => {
             // A route whose cost is learned needs no more learning: a
             // declaration that still runs there is settled, not learned
             // (so a declaration behind a condition never re-prices the
@@ -286,13 +303,13 @@ pub(crate) fn admission(
             } else {
                 route_key(head)
             };
-            let lease = info.slots().and_then(|s| s.lease);
+            let lease = decision.slots.and_then(|s| s.lease);
             if tier.counts_nothing() && lease.is_none() {
                 mark_final(head);
                 return Admission::Pass(None, None);
             }
             // an unlimited tier with a concurrency limit reports its slots
-            let state = ChargeState::new(cost, source, Outcome::Admitted(info), learned);
+            let state = ChargeState::new(cost, source, Outcome::Admitted(decision), learned);
             let charge = attach(config, head, user, tier, route, state);
             let slot = lease.map(|lease| slot(config, &charge, lease));
             Admission::Pass(Some(charge), slot)

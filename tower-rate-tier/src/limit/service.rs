@@ -10,13 +10,12 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use super::admit::{self, Decided};
-use super::admit::{Admission, Bill, Head};
+use super::admit::{Admission, Answer, Bill, Head};
 use super::config::LayerConfig;
 use super::future::{ResponseFuture, finish};
 use crate::body::ResponseBody;
 use crate::identity::TierIdentity;
 use crate::storage::Decide;
-use crate::tier::check_result;
 
 /// The service of [`TierLimitLayer`](crate::TierLimitLayer).
 #[derive(Clone)]
@@ -103,7 +102,7 @@ fn admit_now(config: &Arc<LayerConfig>, head: &mut impl Head) -> Result<Admissio
         Err(answered) => return Ok(answered),
     };
     match admit::decide(config, &bill) {
-        Decided::Now(result) => Ok(admit::admission(config, head, bill, result)),
+        Decided::Now(answer) => Ok(admit::admission(config, head, bill, answer)),
         Decided::Pending(pending) => Err(Start::Decide(bill, pending)),
     }
 }
@@ -174,11 +173,11 @@ where
                 Some(pending) => Decided::Pending(pending),
                 None => admit::decide(&config, &bill),
             };
-            let result = match decided {
-                Decided::Now(result) => result,
-                Decided::Pending(pending) => check_result(&bill.tier, pending.await),
+            let answer = match decided {
+                Decided::Now(answer) => answer,
+                Decided::Pending(pending) => Answer::Storage(pending.await),
             };
-            admit::admission(&config, &mut parts, bill, result)
+            admit::admission(&config, &mut parts, bill, answer)
         }
         Err(answered) => answered,
     };

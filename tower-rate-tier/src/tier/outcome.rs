@@ -148,21 +148,6 @@ outcome_accessors!(RateLimitInfo, true);
 outcome_accessors!(RateLimited, false);
 
 impl RateLimitInfo {
-    /// The state after `units` were given back (same instant): what a refund
-    /// of the storage did to every band.
-    pub(crate) fn refunded(&mut self, units: u32) {
-        if self.detail.tier.unlimited {
-            return;
-        }
-        let mut bands = self.detail.bands.clone();
-        refund_requests(&mut bands, &self.detail.tier, units);
-        let mut decision = Decision::new(true, self.detail.now, bands).with_source(self.detail.source);
-        decision.slots = self.detail.slots;
-        if let Ok(info) = outcome(&self.detail.tier, decision) {
-            *self = info;
-        }
-    }
-
     /// Time until the reported band has more quota than now (one more unit
     /// in [`remaining`](Self::remaining)), computed with the quota that
     /// decided: that band's `t` in the `RateLimit` field, before rounding.
@@ -172,6 +157,24 @@ impl RateLimitInfo {
     pub fn more_quota_after(&self) -> Option<Duration> {
         let state = self.detail.bands.get(self.detail.band)?;
         (state.more_after_ns > 0).then(|| Duration::from_nanos(state.more_after_ns))
+    }
+
+    /// The storage's decision this admission was made of.
+    pub(crate) fn into_decision(self) -> Decision {
+        let Detail {
+            now,
+            bands,
+            source,
+            slots,
+            ..
+        } = self.detail;
+        Decision {
+            allowed: true,
+            now,
+            bands,
+            source,
+            slots,
+        }
     }
 
     /// The admission of an unlimited tier: no state, no headers.
@@ -194,7 +197,7 @@ impl RateLimitInfo {
 
 /// The request bands' `states` after `units` were given back (same
 /// instant); a unit band's state is left as it is.
-fn refund_requests(states: &mut BandStates, tier: &TierEntry, units: u32) {
+pub(crate) fn refund_requests(states: &mut [BandState], tier: &TierEntry, units: u32) {
     if tier.unlimited {
         return;
     }
@@ -256,32 +259,60 @@ impl RateLimited {
     }
 }
 
+/// The band a decision reports, with its limit and state: the band closest
+/// to denying (admitted) or the band that denies longest (denied).
+pub(crate) struct Reported {
+    /// Its index in [`TierEntry::decided`].
+    pub(crate) band: usize,
+    /// Its burst (`u32::MAX` for an admission of an unlimited tier).
+    pub(crate) limit: u32,
+    /// Its state (`remaining` is `u32::MAX` for an admission of an
+    /// unlimited tier).
+    pub(crate) state: BandState,
+}
+
+impl Reported {
+    /// The band `d` of `tier` reports. An admission reports a request band
+    /// (a unit's state is in its own items); a refusal the band that
+    /// refused longest, a unit's included.
+    #[inline]
+    pub(crate) fn of(tier: &TierEntry, d: &Decision) -> Reported {
+        let pick = if d.allowed {
+            tier.request_states(&d.bands)
+                .iter()
+                .enumerate()
+                .min_by(|(_, a), (_, b)| {
+                    a.remaining
+                        .cmp(&b.remaining)
+                        .then(b.reset_after_ns.cmp(&a.reset_after_ns))
+                })
+        } else {
+            d.bands.iter().enumerate().max_by_key(|(_, s)| s.retry_after_ns)
+        };
+        let (band, mut state) = pick.map(|(i, s)| (i, *s)).unwrap_or_default();
+        let mut limit = tier.decided.get(band).map_or(0, Quota::burst);
+        if tier.unlimited && d.allowed {
+            // no request band decided
+            (limit, state.remaining) = (u32::MAX, u32::MAX);
+        }
+        Reported { band, limit, state }
+    }
+}
+
+/// When a band `reset_after` from `now` is full again, in Unix seconds
+/// (rounded up): the `X-RateLimit-Reset` value.
+pub(crate) fn reset_at_unix_secs(now: Nanos, reset_after_ns: u64) -> u64 {
+    let at = u128::from(now) + u128::from(reset_after_ns);
+    u64::try_from(at.div_ceil(1_000_000_000)).unwrap_or(u64::MAX)
+}
+
 /// Turns a storage decision into the public outcome, reporting the band
 /// closest to denying (admitted) or the band that denies longest (denied).
 pub(crate) fn outcome(tier: &Arc<TierEntry>, d: Decision) -> Result<RateLimitInfo, RateLimited> {
     if let Some(slots) = d.slots.filter(|s| s.refused) {
         return Err(concurrency_limited(tier, d, slots));
     }
-    // An admission reports a request band (a unit's state is in its own
-    // items); a refusal the band that refused longest, a unit's included.
-    let pick = if d.allowed {
-        tier.request_states(&d.bands)
-            .iter()
-            .enumerate()
-            .min_by(|(_, a), (_, b)| {
-                a.remaining
-                    .cmp(&b.remaining)
-                    .then(b.reset_after_ns.cmp(&a.reset_after_ns))
-            })
-    } else {
-        d.bands.iter().enumerate().max_by_key(|(_, s)| s.retry_after_ns)
-    };
-    let (band, mut state) = pick.map(|(i, s)| (i, *s)).unwrap_or_default();
-    let mut limit = tier.decided.get(band).map_or(0, Quota::burst);
-    if tier.unlimited && d.allowed {
-        // no request band decided
-        (limit, state.remaining) = (u32::MAX, u32::MAX);
-    }
+    let Reported { band, limit, state } = Reported::of(tier, &d);
     let detail = Detail {
         tier: tier.clone(),
         now: d.now,
