@@ -149,6 +149,15 @@ impl Amounts {
         }
     }
 
+    /// Sets the amount of the bands of `range` (those it holds) to
+    /// `amount`, keeping their debt bounds.
+    pub(crate) fn fill(&mut self, range: std::ops::Range<usize>, amount: Amount) {
+        let end = range.end.min(self.len());
+        for slot in &mut self.amounts[range.start.min(end)..end] {
+            *slot = amount;
+        }
+    }
+
     /// Every band's amount and debt bound, in order.
     pub fn iter(&self) -> impl Iterator<Item = (Amount, u32)> + '_ {
         (0..self.len()).map(|i| (self.amounts[i], self.debts[i]))

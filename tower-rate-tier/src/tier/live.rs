@@ -220,6 +220,7 @@ impl Clone for TierEntry {
             bands: self.bands.clone(),
             decided: self.decided.clone(),
             units: self.units.clone(),
+            amounts: self.amounts,
             max_cost: self.max_cost,
             unlimited: self.unlimited,
             headers: self.headers.clone(),

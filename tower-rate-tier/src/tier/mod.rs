@@ -88,6 +88,9 @@ pub(crate) struct TierEntry {
     pub(crate) decided: Box<[Quota]>,
     /// The tier's named units, in the order of their bands in `decided`.
     pub(crate) units: Box<[UnitBands]>,
+    /// What its decisions with an amount per band start from, built with
+    /// its units.
+    pub(crate) amounts: units::BandAmounts,
     /// The largest cost that can ever pass (the smallest burst).
     pub(crate) max_cost: u32,
     pub(crate) unlimited: bool,

@@ -8,7 +8,7 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 
 use super::Preparer;
-use super::units::MAX_REQUEST_BANDS;
+use super::units::{BandAmounts, MAX_REQUEST_BANDS};
 use super::{BuildError, TierEntry};
 use crate::headers::TierHeaders;
 use crate::quota::Quota;
@@ -169,6 +169,7 @@ impl TierEntry {
             name,
             decided: bands.clone(),
             units: Box::new([]),
+            amounts: BandAmounts::new(bands.len(), &[]),
             bands,
             max_cost,
             unlimited,

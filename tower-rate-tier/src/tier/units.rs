@@ -39,6 +39,38 @@ impl UnitBands {
     }
 }
 
+/// The amounts a tier's decisions over all its bands start from, made once
+/// with the tier's units: every request band peeked, every unit band
+/// with its debt bound either peeked or required.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct BandAmounts {
+    /// An admission's, before its cost is set in the request bands: each
+    /// unit band requires one unit and no debt.
+    admit: Amounts,
+    /// Every band peeked.
+    peek: Amounts,
+}
+
+impl BandAmounts {
+    /// The amounts of `requests` request bands followed by the bands of
+    /// `units`.
+    pub(crate) fn new(requests: usize, units: &[UnitBands]) -> Self {
+        let mut admit = Amounts::new();
+        let mut peek = Amounts::new();
+        for _ in 0..requests {
+            admit.push(Amount::Charge(0), 0);
+            peek.push(Amount::Charge(0), 0);
+        }
+        for unit in units {
+            for _ in unit.bands.iter() {
+                admit.push(Amount::Require, unit.debt());
+                peek.push(Amount::Charge(0), unit.debt());
+            }
+        }
+        BandAmounts { admit, peek }
+    }
+}
+
 impl TierEntry {
     /// Whether no decision of the tier counts anything: an unlimited tier
     /// without units (its concurrency limit aside).
@@ -47,6 +79,7 @@ impl TierEntry {
     }
 
     /// The unit named `unit` of this tier, if it has it.
+    #[inline]
     pub(crate) fn unit(&self, unit: &str) -> Option<&UnitBands> {
         self.units.iter().find(|u| u.unit.is(unit))
     }
@@ -59,7 +92,9 @@ impl TierEntry {
         if self.units.is_empty() {
             return Op::Charge(cost);
         }
-        Op::Each(self.amounts(Amount::Charge(cost), |_| Amount::Require))
+        let mut amounts = self.amounts.admit;
+        amounts.fill(0..self.first_unit(), Amount::Charge(cost));
+        Op::Each(amounts)
     }
 
     /// The operation that gives `cost` back to the request bands (and
@@ -68,7 +103,9 @@ impl TierEntry {
         if self.units.is_empty() {
             return Op::Refund(cost);
         }
-        Op::Each(self.amounts(Amount::Refund(cost), |_| Amount::Charge(0)))
+        let mut amounts = self.amounts.peek;
+        amounts.fill(0..self.first_unit(), Amount::Refund(cost));
+        Op::Each(amounts)
     }
 
     /// The operation that takes one of `slots` and admits a request of
@@ -84,31 +121,9 @@ impl TierEntry {
     /// The operation that does `amount` to `unit`'s bands and peeks every
     /// other band (each with its debt bound).
     pub(crate) fn on_unit(&self, unit: &UnitBands, amount: Amount) -> Op {
-        Op::Each(self.amounts(Amount::Charge(0), |other| {
-            if other.at == unit.at {
-                amount
-            } else {
-                Amount::Charge(0)
-            }
-        }))
-    }
-
-    /// An amount per band of [`TierEntry::decided`]: `requests` in each
-    /// request band, and in each unit's bands what `of_unit` asks of it,
-    /// with the unit's debt bound.
-    #[inline]
-    fn amounts(&self, requests: Amount, of_unit: impl Fn(&UnitBands) -> Amount) -> Amounts {
-        let mut amounts = Amounts::new();
-        for _ in 0..self.first_unit() {
-            amounts.push(requests, 0);
-        }
-        for unit in self.units.iter() {
-            let asked = of_unit(unit);
-            for _ in unit.bands.iter() {
-                amounts.push(asked, unit.debt());
-            }
-        }
-        amounts
+        let mut amounts = self.amounts.peek;
+        amounts.fill(unit.range(), amount);
+        Op::Each(amounts)
     }
 
     /// Where the unit bands start in [`TierEntry::decided`]: after the
@@ -179,6 +194,7 @@ impl TierEntry {
             // an unlimited tier without units: its one unlimited band
             decided = self.bands.to_vec();
         }
+        self.amounts = BandAmounts::new(requests.len(), &placed);
         self.units = placed.into();
         self.decided = decided.into();
         self.headers = TierHeaders::new(&self.name, &self.decided, self.concurrency.map(|c| c.get()));

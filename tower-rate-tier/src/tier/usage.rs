@@ -158,12 +158,19 @@ pub(crate) struct ForgivenWarning(Throttle);
 impl ForgivenWarning {
     /// Logs the usage of the unit of `bands` a decision of `tier` forgave,
     /// if any.
+    #[inline]
     fn report(&self, tier: &TierEntry, bands: &UnitBands, decision: &Decision) {
         let forgiven = forgiven(bands, decision);
-        if forgiven == 0 {
-            return;
+        if forgiven > 0 {
+            self.warn(tier, bands, forgiven, decision.now);
         }
-        if let Some(skipped) = self.0.due(decision.now / 1_000_000) {
+    }
+
+    /// Logs that `forgiven` units of the unit of `bands` were forgiven at
+    /// `now`, at most once per 10 s.
+    #[cold]
+    fn warn(&self, tier: &TierEntry, bands: &UnitBands, forgiven: u32, now: crate::clock::Nanos) {
+        if let Some(skipped) = self.0.due(now / 1_000_000) {
             let unit = bands.unit.as_str();
             tracing::warn!(target: "tower_rate_tier", tier = %tier.name, unit, forgiven, skipped, "usage beyond the unit's debt bound was forgiven");
         }
@@ -171,6 +178,7 @@ impl ForgivenWarning {
 }
 
 /// The bands of `unit` of `tier`, or the error naming both.
+#[inline]
 fn unit_bands<'a>(tier: &'a TierEntry, unit: &str) -> Result<&'a UnitBands, CheckError> {
     tier.unit(unit).ok_or_else(|| CheckError::UnknownUnit {
         tier: tier.name.to_string(),
