@@ -484,6 +484,60 @@ async fn an_unlimited_tier_may_still_cap_parallel_requests() {
     assert_eq!(send(&app, get_as("corp", "/")).await.status, StatusCode::OK);
 }
 
+/// Counts slots itself, in one set for everyone, and answers every
+/// acquire as the memory storage's unlimited path does: admitted by its
+/// bands (it has none), with the slot refused when none is free.
+#[derive(Debug, Default)]
+struct OneSet(std::sync::Mutex<tower_rate_tier::storage::LeaseSet>);
+
+impl tower_rate_tier::storage::Storage for OneSet {
+    fn decide(
+        &self,
+        _: tower_rate_tier::storage::StorageKey<'_>,
+        _: &[Quota],
+        op: tower_rate_tier::storage::Op,
+        clock: &Arc<dyn tower_rate_tier::clock::Clock>,
+    ) -> tower_rate_tier::storage::Decide {
+        use tower_rate_tier::storage::{BandStates, Decide, Decision, Op};
+        let now = clock.now();
+        let mut set = self.0.lock().unwrap();
+        let decision = Decision::new(true, now, BandStates::new());
+        Decide::ready(Ok(match op {
+            Op::Acquire { slots, .. } => {
+                let id = u64::from(set.in_use()) + now;
+                decision.with_slots(set.acquire(id, now, &slots))
+            }
+            Op::Release(lease) => {
+                set.release(lease);
+                decision
+            }
+            _ => decision,
+        }))
+    }
+}
+
+#[tokio::test]
+async fn a_slot_refused_by_a_custom_storage_is_a_429_even_when_its_bands_admit() {
+    let tiers = RateTier::builder()
+        .tier("enterprise", Quota::unlimited())
+        .tier_concurrency("enterprise", 1)
+        .storage(OneSet::default())
+        .build();
+    let app = routes().layer(TierLimitLayer::new(tiers).identifier_fn(|h: &HeaderMap| {
+        Some(TierIdentity::new(h.get("x-user")?.to_str().ok()?, "enterprise"))
+    }));
+    let held = open(&app, "corp").await;
+    assert_eq!(held.status(), StatusCode::OK);
+    let refused: Reply = send(&app, get_as("corp", "/")).await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        refused.json()["violated-policies"],
+        serde_json::json!(["enterprise.concurrency"])
+    );
+    drop(held);
+    assert_eq!(send(&app, get_as("corp", "/")).await.status, StatusCode::OK);
+}
+
 #[test]
 fn configuration_mistakes_are_build_errors() {
     use tower_rate_tier::BuildError;

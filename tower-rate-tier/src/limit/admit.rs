@@ -257,9 +257,12 @@ pub(crate) fn admission(
     } = bill;
     let learned = priced != Priced::Fresh;
     // An admission stays the storage's decision: its fields are written from
-    // it and the tier on the way out.
+    // it and the tier on the way out. (A refused slot refuses whatever the
+    // bands said: a storage may answer so for a tier without bands.)
     let result = match answer {
-        Answer::Storage(Ok(decision)) if decision.allowed => Ok(Ok(decision)),
+        Answer::Storage(Ok(decision)) if decision.allowed && !decision.slots.is_some_and(|s| s.refused) => {
+            Ok(Ok(decision))
+        }
         Answer::Storage(decided) => check_result(&tier, decided).map(|r| r.map(RateLimitInfo::into_decision)),
         Answer::Early(result) => result.map(|r| r.map(RateLimitInfo::into_decision)),
     };
