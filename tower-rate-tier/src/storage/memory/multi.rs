@@ -113,8 +113,25 @@ impl Inner {
                     return Ok(decision);
                 }
                 let mut tats = lookup(&stored, names);
+                // a band of these the entry lacks may still be in the
+                // one-band map (the key's first decisions were of it alone):
+                // its state moves here
+                let single = scope
+                    .single_name()
+                    .and_then(|name| names.iter().position(|n| *n == name))
+                    .filter(|&i| tats[i].is_none())
+                    .and_then(|i| scope.single.get(user).map(|tat| (i, *tat)));
+                if let Some((i, tat)) = single {
+                    tats[i] = Some(tat);
+                }
                 let decision = crate::storage::decide_bands(&mut tats[..n], now, bands, op);
                 store_merged(&mut stored, names, &tats[..n], now);
+                drop(stored);
+                if single.is_some() && scope.single.remove(user).is_some() {
+                    // one key now, where there were two (unless a sweep
+                    // removed and counted it meanwhile)
+                    self.len.fetch_sub(1, Ordering::Relaxed);
+                }
                 return Ok(decision);
             }
             // a key of the one-band map whose band is one of these moves

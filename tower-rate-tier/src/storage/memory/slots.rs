@@ -70,6 +70,9 @@ impl Inner {
         let decision = match self.decide(scope, user, bands, op, clock) {
             Ok(decision) => decision,
             Err(error) => {
+                // the leases passed count no more (the clock was not read
+                // for a set below its limit)
+                set.expire(clock.now());
                 let in_use = set.in_use();
                 drop(set);
                 self.forget_if_empty(scope, user, in_use);

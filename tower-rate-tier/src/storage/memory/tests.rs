@@ -82,6 +82,63 @@ fn a_spent_user_stays_spent_when_another_window_claims_the_first_map() {
     assert!(!ready(storage.decide(key("c"), &day, Op::Charge(1), &clock)).allowed);
 }
 
+/// Past the key cap, an acquire that fails (an operation the storage
+/// refuses) removes the user's set when only passed leases were left in
+/// it, as a release does.
+#[test]
+fn a_failed_acquire_past_the_cap_removes_a_set_of_passed_leases() {
+    let fake = FakeClock::new();
+    let clock: Arc<dyn Clock> = Arc::new(fake.clone());
+    let storage = MemoryStorage::builder().max_keys(1).build();
+    let bands = [Quota::per_minute(50), Quota::per_hour(500)];
+    let slots = Slots {
+        limit: 3,
+        lease: Duration::from_secs(1),
+    };
+    let acquire = Op::Acquire { cost: 1, slots };
+    for user in ["a", "b"] {
+        assert!(ready(storage.decide(key(user), &bands, acquire, &clock)).allowed);
+    }
+    assert_eq!(storage.inner.slot_sets.load(Ordering::Relaxed), 2);
+    fake.advance(Duration::from_secs(2));
+    // one amount for two bands: refused by the storage
+    let bad = Op::AcquireEach {
+        amounts: crate::storage::Amounts::new().with(crate::storage::Amount::Charge(1)),
+        slots,
+    };
+    let failed = storage.decide(key("a"), &bands, bad, &clock).into_ready();
+    assert!(matches!(failed, Ok(Err(_))));
+    assert_eq!(storage.inner.slot_sets.load(Ordering::Relaxed), 1);
+}
+
+/// A key whose one band lives in the scope's one-band map, then decided by
+/// a set of other bands (an entry of several bands is made without it),
+/// then by a set that has its band again: that band's state moves into the
+/// entry, and the key is counted once.
+#[test]
+fn a_band_kept_in_the_one_band_map_joins_an_entry_made_without_it() {
+    let clock: Arc<dyn Clock> = Arc::new(FakeClock::new());
+    let storage = MemoryStorage::new();
+    let second = [Quota::per_second(5)];
+    ready(storage.decide(key("ada"), &second, Op::Charge(4), &clock));
+    assert_eq!(storage.len(), 1);
+    let other = [Quota::per_minute(7), Quota::per_day(40)];
+    ready(storage.decide(key("ada"), &other, Op::Charge(1), &clock));
+    assert_eq!(storage.len(), 2);
+    let both = [Quota::per_second(5), Quota::per_hour(20)];
+    let d = ready(storage.decide(key("ada"), &both, Op::Charge(0), &clock));
+    assert_eq!(d.bands[0].remaining, 1);
+    assert_eq!(storage.len(), 1);
+    // the one-band map no longer holds it: the entry's state is the one
+    // decided from now on
+    let d = ready(storage.decide(key("ada"), &both, Op::Charge(1), &clock));
+    assert_eq!(d.bands[0].remaining, 0);
+    assert!(!ready(storage.decide(key("ada"), &second, Op::Charge(1), &clock)).allowed);
+    // and the other set's bands were kept through it
+    let d = ready(storage.decide(key("ada"), &other, Op::Charge(0), &clock));
+    assert_eq!((d.bands[0].remaining, d.bands[1].remaining), (6, 39));
+}
+
 /// One key decided by two band sets in turn (a tier's bands, and a
 /// contract's with another second band): each set's decision reads and
 /// writes its own bands' times, by position while the key holds exactly
