@@ -16,6 +16,7 @@ mod admit;
 mod buffered;
 mod config;
 mod future;
+mod head;
 mod layer;
 mod service;
 #[cfg(test)]

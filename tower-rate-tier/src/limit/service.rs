@@ -10,9 +10,10 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use super::admit::{self, Decided};
-use super::admit::{Admission, Answer, Bill, Head};
+use super::admit::{Admission, Answer, Bill};
 use super::config::LayerConfig;
 use super::future::{ResponseFuture, finish};
+use super::head::Head;
 use crate::body::ResponseBody;
 use crate::identity::TierIdentity;
 use crate::storage::Decide;
