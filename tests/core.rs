@@ -401,6 +401,13 @@ fn every_bad_configuration() -> Vec<BadConfiguration> {
             "`` is not a valid tier name or namespace (1 to 255 bytes; the namespace may be empty)",
         ),
         (
+            // the character that separates a tier's name from its own-quota
+            // state's: a tier named so would share that state
+            || RateTier::builder().tier("free\u{1f}own", Quota::per_second(1)),
+            BuildError::InvalidName("free\u{1f}own".into()),
+            "a tier name may not hold the character U+001F",
+        ),
+        (
             || RateTier::builder().tier("x".repeat(256), Quota::per_second(1)),
             BuildError::InvalidName("x".repeat(256)),
             "is not a valid tier name or namespace",

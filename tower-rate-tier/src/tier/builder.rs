@@ -32,7 +32,9 @@ pub enum BuildError {
     NoBands(String),
     /// A tier has more than [`MAX_REQUEST_BANDS`] request bands.
     TooManyBands(String),
-    /// A tier name or the namespace is empty or longer than 255 bytes.
+    /// A tier name or the namespace is empty or longer than 255 bytes, or a
+    /// tier name holds the character U+001F (the unit separator, reserved
+    /// for the state of identities with quotas of their own).
     InvalidName(String),
     /// A tier given to `shadow_tier` is not configured.
     UnknownShadowTier(String),
@@ -98,7 +100,8 @@ impl fmt::Display for BuildError {
             BuildError::InvalidName(t) => {
                 write!(
                     f,
-                    "`{t}` is not a valid tier name or namespace (1 to 255 bytes; the namespace may be empty)"
+                    "`{t}` is not a valid tier name or namespace (1 to 255 bytes; the namespace may be \
+                     empty); a tier name may not hold the character U+001F"
                 )
             }
         }

@@ -383,16 +383,22 @@ impl Preparer {
     }
 }
 
+/// The character (U+001F, the unit separator) that separates a tier's name
+/// from the suffix of its own-quota state in the storage: no tier name may
+/// hold it.
+pub(crate) const OWN_QUOTAS_SEPARATOR: char = '\u{1f}';
+
 impl TierEntry {
     /// The storage's state of this tier's identities with quotas of their
     /// own: a bucket apart from the tier's users, under a storage name no
-    /// request can name (the tier's, with a suffix after a control
-    /// character), prepared once per tier.
+    /// tier can have (the tier's, then [`OWN_QUOTAS_SEPARATOR`], which tier
+    /// names may not hold, and `own`), prepared once per tier.
     pub(crate) fn own_scope(&self) -> &Arc<dyn TierScope> {
         self.own_scope.get_or_init(|| {
             let mut name = String::with_capacity(self.name.len() + 4);
             name.push_str(&self.name);
-            name.push_str("\u{1f}own");
+            name.push(OWN_QUOTAS_SEPARATOR);
+            name.push_str("own");
             self.preparer.scope(&name)
         })
     }

@@ -137,7 +137,7 @@ impl TierEntry {
         preparer: &Arc<Preparer>,
         scope: impl FnOnce(&str) -> Arc<dyn TierScope>,
     ) -> Result<TierEntry, BuildError> {
-        if name.is_empty() || name.len() > 255 {
+        if name.is_empty() || name.len() > 255 || name.contains(super::OWN_QUOTAS_SEPARATOR) {
             return Err(BuildError::InvalidName(name.into_owned()));
         }
         if bands.is_empty() {
