@@ -316,7 +316,8 @@ impl Charge {
     async fn charge(&self, cost: u32) -> crate::tier::CheckResult {
         match self.ledger.tiers.begin(self.user.id(), &self.tier, cost, false) {
             Begun::Asked(decide) => check_result(&self.tier, decide.await),
-            Begun::Answered(answered) => answered,
+            Begun::Unlimited => self.ledger.tiers.unlimited(&self.tier),
+            Begun::Failed(error) => Err(error),
         }
     }
 

@@ -17,7 +17,7 @@ use crate::problem::problem;
 use crate::refusal::Refusals;
 use crate::slot::SlotGuard;
 use crate::storage::{Decide, Decision, DecisionSource, StorageError, StorageErrorKind};
-use crate::tier::{Begun, CheckError, CheckResult, RateLimitInfo, TierEntry, User, check_result};
+use crate::tier::{Begun, CheckError, RateLimitInfo, TierEntry, User, check_result};
 
 /// The key `ClientAddrs::anonymous_key` gives an unidentified client
 /// without a peer address (`limit/tests.rs` checks the two agree).
@@ -133,9 +133,11 @@ pub(crate) enum Answer {
     /// The storage: its decision as it stands (an admission is read as it
     /// is, without building the general outcome).
     Storage(Result<Decision, StorageError>),
-    /// The limiter, without asking the storage: an unlimited tier, or a
-    /// cost no request of the tier can pay.
-    Early(CheckResult),
+    /// The limiter, without asking the storage: the tier counts nothing.
+    Unlimited,
+    /// The limiter, without asking the storage: a cost no request of the
+    /// tier can pay.
+    Failed(CheckError),
 }
 
 /// Asks the storage to decide the bill.
@@ -145,7 +147,8 @@ pub(crate) fn decide(config: &LayerConfig, bill: &Bill) -> Decided {
         .tiers
         .begin(bill.user.id(), &bill.tier, bill.cost, true)
     {
-        Begun::Answered(answered) => Decided::Now(Answer::Early(answered)),
+        Begun::Unlimited => Decided::Now(Answer::Unlimited),
+        Begun::Failed(error) => Decided::Now(Answer::Failed(error)),
         Begun::Asked(decide) => match decide.into_ready() {
             Ok(decision) => Decided::Now(Answer::Storage(decision)),
             Err(pending) => Decided::Pending(pending),
@@ -217,7 +220,8 @@ pub(crate) fn admission(
             Ok(Ok(decision))
         }
         Answer::Storage(decided) => check_result(&tier, decided).map(|r| r.map(RateLimitInfo::into_decision)),
-        Answer::Early(result) => result.map(|r| r.map(RateLimitInfo::into_decision)),
+        Answer::Unlimited => return unlimited(config, head, &tier),
+        Answer::Failed(error) => Err(error),
     };
     let result = match result {
         Ok(Ok(decision)) if tier.concurrency.is_some() && decision.slots.and_then(|s| s.lease).is_none() => {
@@ -305,6 +309,25 @@ pub(crate) fn admission(
             &error,
         )),
     }
+}
+
+/// The admission of a request of a tier that counts nothing: let through,
+/// marked as seen by a limiter whose price is final.
+fn unlimited(config: &LayerConfig, head: &mut impl Head, tier: &TierEntry) -> Admission {
+    #[cfg(feature = "metrics")]
+    if let Some(counters) = &config.metrics {
+        let shadowed = config.ledger.shadowed(tier);
+        let admitted: Result<Result<(), crate::tier::RateLimited>, CheckError> = Ok(Ok(()));
+        counters.check(
+            &tier.name,
+            &admitted,
+            config.ledger.refusals.on_storage_error,
+            shadowed,
+        );
+    }
+    let _ = (config, tier);
+    mark_final(head);
+    Admission::Pass(None, None)
 }
 
 /// Lets a request through uncounted (by policy, or on a storage error under

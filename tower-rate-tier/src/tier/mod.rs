@@ -154,7 +154,8 @@ impl RateTier {
                     check_result(&entry, pending.await)
                 }
             },
-            Begun::Answered(answered) => answered,
+            Begun::Unlimited => self.unlimited(entry),
+            Begun::Failed(error) => Err(error),
         }
     }
 
@@ -269,8 +270,11 @@ impl RateTier {
         slot: bool,
     ) -> Begun {
         let slots = tier.concurrency.filter(|_| slot);
-        if (slots.is_none() && tier.counts_nothing()) || cost > tier.max_cost {
-            return Begun::Answered(self.answer_early(tier, cost));
+        if slots.is_none() && tier.counts_nothing() {
+            return Begun::Unlimited;
+        }
+        if cost > tier.max_cost {
+            return Begun::Failed(cost_exceeds(tier, cost));
         }
         let op = match slots {
             Some(limit) => tier.acquire(
@@ -323,18 +327,9 @@ impl RateTier {
         &self.inner.preparer
     }
 
-    /// The outcome of a check that [`RateTier::begin`] answers itself.
-    #[cold]
-    #[inline(never)]
-    fn answer_early(&self, tier: &Arc<TierEntry>, cost: u32) -> CheckResult {
-        if tier.counts_nothing() {
-            return Ok(Ok(RateLimitInfo::unlimited(tier, self.inner.clock.now())));
-        }
-        Err(CheckError::CostExceedsLimit {
-            tier: tier.name.to_string(),
-            cost,
-            limit: tier.max_cost,
-        })
+    /// The outcome of a check of a tier that counts nothing: admitted, now.
+    pub(crate) fn unlimited(&self, tier: &Arc<TierEntry>) -> CheckResult {
+        Ok(Ok(RateLimitInfo::unlimited(tier, self.inner.clock.now())))
     }
 }
 
@@ -344,7 +339,7 @@ impl RateTier {
     #[cold]
     fn invalid_user(&self, tier: &Arc<TierEntry>) -> CheckResult {
         if tier.counts_nothing() {
-            return Ok(Ok(RateLimitInfo::unlimited(tier, self.inner.clock.now())));
+            return self.unlimited(tier);
         }
         Err(CheckError::InvalidUserId)
     }
@@ -354,8 +349,22 @@ impl RateTier {
 pub(crate) enum Begun {
     /// The storage was asked: its answer.
     Asked(Decide),
-    /// Known without asking the storage.
-    Answered(CheckResult),
+    /// The tier counts nothing (and no slot is taken): admitted without
+    /// asking the storage.
+    Unlimited,
+    /// Refused without asking the storage: a cost no request of the tier
+    /// can pay.
+    Failed(CheckError),
+}
+
+/// The error of a check of `cost` in `tier`, whose smallest burst is below it.
+#[cold]
+fn cost_exceeds(tier: &TierEntry, cost: u32) -> CheckError {
+    CheckError::CostExceedsLimit {
+        tier: tier.name.to_string(),
+        cost,
+        limit: tier.max_cost,
+    }
 }
 
 /// What prepares the tiers of one configuration: its storage and namespace.
