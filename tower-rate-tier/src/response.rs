@@ -271,3 +271,88 @@ pub fn too_many_requests(limited: &RateLimited) -> Response<Bytes> {
         }),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::storage::{BandStates, Lease};
+    use crate::{Quota, RateTier};
+
+    /// Tiers of every shape: one band, several, with units, with a
+    /// concurrency limit, unlimited with either.
+    fn tiers() -> RateTier {
+        RateTier::builder()
+            .tier("one", Quota::per_minute(10))
+            .tier("two", [Quota::per_second(5), Quota::per_hour(100)])
+            .tier("units", Quota::per_minute(20))
+            .tier_unit(
+                "units",
+                "tokens",
+                [Quota::per_minute(1_000), Quota::per_day(9_000)],
+            )
+            .tier_unit("units", "content-bytes", Quota::per_hour(1 << 20))
+            .tier("slots", Quota::per_minute(30))
+            .tier_concurrency("slots", 2)
+            .tier("open", Quota::unlimited())
+            .tier_concurrency("open", 3)
+            .tier("open-units", Quota::unlimited())
+            .tier_unit("open-units", "tokens", Quota::per_minute(500))
+            .build()
+    }
+
+    fn state() -> impl Strategy<Value = BandState> {
+        (any::<u32>(), any::<u64>(), any::<u64>(), 0..3u64, any::<u64>()).prop_map(
+            |(remaining, reset, more, shape, debt)| {
+                // a full band, a partly used one, a band in debt
+                let used = shape > 0;
+                BandState {
+                    remaining,
+                    reset_after_ns: if used { reset } else { 0 },
+                    more_after_ns: if used { more } else { 0 },
+                    debt_ns: if shape == 2 { debt } else { 0 },
+                    ..BandState::default()
+                }
+            },
+        )
+    }
+
+    proptest! {
+        /// The fields an admission's charge writes from the storage's
+        /// decision are those of the public outcome of that decision.
+        #[test]
+        fn admitted_fields_are_the_outcomes(
+            tier in prop::sample::select(vec!["one", "two", "units", "slots", "open", "open-units"]),
+            states in prop::collection::vec(state(), 0..6),
+            now in any::<u64>(),
+            in_use in 1..4u32,
+            which in prop::sample::select(vec![
+                RateLimitHeaders::ALL,
+                RateLimitHeaders::IETF,
+                RateLimitHeaders::LEGACY,
+                RateLimitHeaders::OPENAI,
+                RateLimitHeaders::NONE,
+            ]),
+        ) {
+            let tiers = tiers();
+            let tier = tiers.resolve(tier).expect("configured");
+            let bands: BandStates = states.into_iter().take(tier.decided.len()).collect();
+            let mut decision = Decision::new(true, now, bands);
+            if let Some(limit) = tier.concurrency {
+                decision = decision.with_slots(SlotState {
+                    limit: limit.get(),
+                    in_use,
+                    lease: Some(Lease(7)),
+                    refused: false,
+                });
+            }
+            let mut lean = HeaderMap::new();
+            apply_admitted_fields(&mut lean, &tier, &decision, which);
+            let info = crate::tier::outcome(&tier, decision).expect("admitted");
+            let mut general = HeaderMap::new();
+            apply_info_fields(&mut general, &info, which);
+            prop_assert_eq!(lean, general);
+        }
+    }
+}
