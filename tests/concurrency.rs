@@ -465,23 +465,36 @@ async fn an_unlimited_tier_may_still_cap_parallel_requests() {
         .tier("enterprise", Quota::unlimited())
         .tier_concurrency("enterprise", 2)
         .build();
-    let app = routes().layer(TierLimitLayer::new(tiers).identifier_fn(|h: &HeaderMap| {
-        Some(TierIdentity::new(h.get("x-user")?.to_str().ok()?, "enterprise"))
-    }));
+    let app = enterprise(tiers);
     let held = [open(&app, "corp").await, open(&app, "corp").await];
     assert!(held.iter().all(|r| r.status() == StatusCode::OK));
     assert_eq!(
         field(held[0].headers(), "ratelimit-policy"),
         r#""enterprise.concurrency";q=2;qu="concurrent-requests""#
     );
-    let refused: Reply = send(&app, get_as("corp", "/")).await;
+    refused_until_dropped(&app, held).await;
+}
+
+/// The routes under a limiter of `tiers` whose every user is of the tier
+/// `enterprise`.
+fn enterprise(tiers: RateTier) -> Router {
+    routes().layer(TierLimitLayer::new(tiers).identifier_fn(|h: &HeaderMap| {
+        Some(TierIdentity::new(h.get("x-user")?.to_str().ok()?, "enterprise"))
+    }))
+}
+
+/// While `held` holds every slot of the user `corp` of `enterprise`, its
+/// next request is refused by the concurrency limit; once they are
+/// dropped, it is admitted.
+async fn refused_until_dropped<T>(app: &Router, held: T) {
+    let refused: Reply = send(app, get_as("corp", "/")).await;
     assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(
         refused.json()["violated-policies"],
         serde_json::json!(["enterprise.concurrency"])
     );
     drop(held);
-    assert_eq!(send(&app, get_as("corp", "/")).await.status, StatusCode::OK);
+    assert_eq!(send(app, get_as("corp", "/")).await.status, StatusCode::OK);
 }
 
 /// Counts slots itself, in one set for everyone, and answers every
@@ -523,19 +536,10 @@ async fn a_slot_refused_by_a_custom_storage_is_a_429_even_when_its_bands_admit()
         .tier_concurrency("enterprise", 1)
         .storage(OneSet::default())
         .build();
-    let app = routes().layer(TierLimitLayer::new(tiers).identifier_fn(|h: &HeaderMap| {
-        Some(TierIdentity::new(h.get("x-user")?.to_str().ok()?, "enterprise"))
-    }));
+    let app = enterprise(tiers);
     let held = open(&app, "corp").await;
     assert_eq!(held.status(), StatusCode::OK);
-    let refused: Reply = send(&app, get_as("corp", "/")).await;
-    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(
-        refused.json()["violated-policies"],
-        serde_json::json!(["enterprise.concurrency"])
-    );
-    drop(held);
-    assert_eq!(send(&app, get_as("corp", "/")).await.status, StatusCode::OK);
+    refused_until_dropped(&app, held).await;
 }
 
 #[test]
