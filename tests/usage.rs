@@ -403,34 +403,14 @@ async fn stacked_limiters_each_count_the_units_their_tiers_have() {
 
 #[tokio::test]
 async fn units_recorded_and_forgiven_are_counted_per_tier_and_unit() {
-    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
     let clock = FakeClock::new();
     let tiers = tiers(&clock);
-    let app = metrics::with_local_recorder(&recorder, || {
-        routes().layer(
-            TierLimitLayer::new(tiers.clone())
-                .identifier_fn(header_identity)
-                .metrics(true),
-        )
-    });
+    let (app, snapshotter) = metered(&tiers);
     send(&app, get_as("ada", "/complete?reserve=100&use=300")).await;
     // 1,000 left and 1,000 of debt: 2,000 recorded, 3,000 forgiven
     send(&app, get_as("bob", "/complete?use=5000")).await;
     send(&app, get_as("ada", "/bytes")).await;
-    let mut counts = std::collections::BTreeMap::new();
-    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
-        let key = key.key();
-        if key.name() != tower_rate_tier::metrics::UNITS_TOTAL {
-            continue;
-        }
-        let label = |k: &str| key.labels().find(|l| l.key() == k).unwrap().value().to_owned();
-        let DebugValue::Counter(n) = value else {
-            panic!("a counter")
-        };
-        counts.insert((label("tier"), label("unit"), label("outcome")), n);
-    }
+    let counts = units_counted(&snapshotter);
     let count = |unit: &str, outcome: &str| counts[&("free".to_owned(), unit.to_owned(), outcome.to_owned())];
     assert_eq!(count("tokens", "recorded"), 2_300);
     assert_eq!(count("tokens", "forgiven"), 3_000);
@@ -705,11 +685,23 @@ async fn while_the_storage_is_down_a_reservation_above_the_local_share_waits_for
 
 #[tokio::test]
 async fn usage_equal_to_its_reservation_is_counted_as_recorded() {
-    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
     let clock = FakeClock::new();
     let tiers = tiers(&clock);
+    let (app, snapshotter) = metered(&tiers);
+    // exactly what was reserved: nothing to settle in the storage, and
+    // still usage recorded
+    send(&app, get_as("ada", "/complete?reserve=200&use=200")).await;
+    assert_eq!(left(&tiers, "ada", "tokens").await, 800);
+    let counts = units_counted(&snapshotter);
+    let recorded = counts.get(&("free".to_owned(), "tokens".to_owned(), "recorded".to_owned()));
+    assert_eq!(recorded, Some(&200));
+}
+
+/// The routes under a limiter of `tiers` counting into a recorder of its
+/// own, and what reads that recorder.
+fn metered(tiers: &RateTier) -> (Router, metrics_util::debugging::Snapshotter) {
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
     let app = metrics::with_local_recorder(&recorder, || {
         routes().layer(
             TierLimitLayer::new(tiers.clone())
@@ -717,26 +709,26 @@ async fn usage_equal_to_its_reservation_is_counted_as_recorded() {
                 .metrics(true),
         )
     });
-    // exactly what was reserved: nothing to settle in the storage, and
-    // still usage recorded
-    send(&app, get_as("ada", "/complete?reserve=200&use=200")).await;
-    assert_eq!(left(&tiers, "ada", "tokens").await, 800);
-    let recorded = snapshotter
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .find_map(|(key, _, _, value)| {
-            let key = key.key();
-            let is = |k: &str, v: &str| key.labels().any(|l| l.key() == k && l.value() == v);
-            let wanted = key.name() == tower_rate_tier::metrics::UNITS_TOTAL
-                && is("unit", "tokens")
-                && is("outcome", "recorded");
-            match value {
-                DebugValue::Counter(n) if wanted => Some(n),
-                _ => None,
-            }
-        });
-    assert_eq!(recorded, Some(200));
+    (app, snapshotter)
+}
+
+/// The units counter of `snapshotter`, by tier, unit and outcome.
+fn units_counted(
+    snapshotter: &metrics_util::debugging::Snapshotter,
+) -> std::collections::BTreeMap<(String, String, String), u64> {
+    let mut counts = std::collections::BTreeMap::new();
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let key = key.key();
+        if key.name() != tower_rate_tier::metrics::UNITS_TOTAL {
+            continue;
+        }
+        let label = |k: &str| key.labels().find(|l| l.key() == k).unwrap().value().to_owned();
+        let metrics_util::debugging::DebugValue::Counter(n) = value else {
+            panic!("a counter")
+        };
+        counts.insert((label("tier"), label("unit"), label("outcome")), n);
+    }
+    counts
 }
 
 #[tokio::test]
