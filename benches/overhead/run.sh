@@ -7,9 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 n=${1:-20000}
-cargo bench -p tower-rate-tier-overhead --no-run >/dev/null 2>&1
-bin=$(cargo bench -p tower-rate-tier-overhead --no-run --message-format=json 2>/dev/null \
-  | grep -o '"executable":"[^"]*overhead[^"]*"' | head -1 | cut -d'"' -f4)
+. benches/overhead/bench-bin.sh
 count() {
   valgrind --tool=callgrind --toggle-collect=overhead::serve --callgrind-out-file=/dev/null "$bin" "$1" "$2" 2>&1 \
     | sed -n 's/.*Collected : \([0-9]*\).*/\1/p'

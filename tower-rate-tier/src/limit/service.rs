@@ -110,6 +110,7 @@ fn admit_now(config: &Arc<LayerConfig>, head: &mut impl Head) -> Result<Admissio
 
 impl<S> TierLimitService<S> {
     /// Calls the inner service for an admitted request, or answers.
+    #[inline]
     fn pass_or_refuse<ReqB, ResB>(
         &mut self,
         admission: Admission,
