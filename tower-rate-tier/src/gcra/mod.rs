@@ -14,8 +14,10 @@
 //! [`force`] and [`refund`] under their own per-key atomicity (through
 //! [`decide_bands`](crate::storage::decide_bands)).
 //!
-//! All intermediate arithmetic is done in `u128`, so no input (nanoseconds
-//! near `u64::MAX`, day-long intervals, a cost near `u32::MAX`) can overflow.
+//! The arithmetic runs in `u64` when the furthest time a decision can reach
+//! (`now + I · (B + d + c)`, with the debt bound `d` below) fits in it, and
+//! otherwise in `u128`, so no input (nanoseconds near `u64::MAX`, day-long
+//! intervals, a cost near `u32::MAX`) can overflow; both run the same code.
 //! A stored TAT more than one full refill ahead of `now` (the clock moved
 //! backwards, or a foreign writer) is clamped to `now + τ`, and the clamped TAT
 //! is written back whatever the outcome (see [`BandDecision::new_tat`]): a
@@ -105,22 +107,69 @@ pub(crate) struct BandDecision {
     pub(crate) state: BandState,
 }
 
-fn sat_u64(v: u128) -> u64 {
-    u64::try_from(v).unwrap_or(u64::MAX)
+/// The integer the GCRA computes in: `u64` when every time a band's
+/// decision can reach fits in it (every quota, time and cost a limiter
+/// meets in practice), else `u128`, in which nothing overflows. One
+/// algorithm ([`band_in`]) for both.
+trait Width:
+    Copy
+    + Ord
+    + From<u32>
+    + From<u64>
+    + std::ops::Add<Output = Self>
+    + std::ops::Sub<Output = Self>
+    + std::ops::Mul<Output = Self>
+{
+    const ZERO: Self;
+    /// `self / d` and `self % d` (`d > 0`).
+    fn div_rem(self, d: Self) -> (Self, Self);
+    fn sat_u64(self) -> u64;
+    fn sat_u32(self) -> u32;
+    fn saturating_sub(self, other: Self) -> Self;
 }
 
-fn sat_u32(v: u128) -> u32 {
-    u32::try_from(v).unwrap_or(u32::MAX)
+impl Width for u64 {
+    const ZERO: Self = 0;
+    #[inline]
+    fn div_rem(self, d: Self) -> (Self, Self) {
+        (self / d, self % d)
+    }
+    #[inline]
+    fn sat_u64(self) -> u64 {
+        self
+    }
+    #[inline]
+    fn sat_u32(self) -> u32 {
+        u32::try_from(self).unwrap_or(u32::MAX)
+    }
+    #[inline]
+    fn saturating_sub(self, other: Self) -> Self {
+        u64::saturating_sub(self, other)
+    }
 }
 
-/// `n / d` and `n % d` (`d > 0`), in `u64` when both fit: a `u128`
-/// division is a library call several times slower, and this is on every
-/// check.
-#[inline]
-fn div_rem(n: u128, d: u128) -> (u128, u128) {
-    match (u64::try_from(n), u64::try_from(d)) {
-        (Ok(n), Ok(d)) => (u128::from(n / d), u128::from(n % d)),
-        _ => (n / d, n % d),
+impl Width for u128 {
+    const ZERO: Self = 0;
+    /// In `u64` when both fit: a `u128` division is a library call several
+    /// times slower.
+    #[inline]
+    fn div_rem(self, d: Self) -> (Self, Self) {
+        match (u64::try_from(self), u64::try_from(d)) {
+            (Ok(n), Ok(d)) => (u128::from(n / d), u128::from(n % d)),
+            _ => (self / d, self % d),
+        }
+    }
+    #[inline]
+    fn sat_u64(self) -> u64 {
+        u64::try_from(self).unwrap_or(u64::MAX)
+    }
+    #[inline]
+    fn sat_u32(self) -> u32 {
+        u32::try_from(self).unwrap_or(u32::MAX)
+    }
+    #[inline]
+    fn saturating_sub(self, other: Self) -> Self {
+        u128::saturating_sub(self, other)
     }
 }
 
@@ -154,8 +203,7 @@ const UNLIMITED: BandDecision = BandDecision {
 /// (see [`decide_within`]).
 ///
 /// Cost 0 is a peek: always admitted, reports the state, writes nothing.
-/// The arithmetic is in `u128`, so that no quota, time or cost overflows;
-/// the division runs in `u64` whenever its operands fit.
+/// No quota, time or cost overflows (see the [module docs](self)).
 #[inline]
 pub(crate) fn decide(tat: Option<Nanos>, now: Nanos, quota: &Quota, cost: u32) -> BandDecision {
     decide_within(tat, now, quota, cost, 0)
@@ -195,27 +243,47 @@ fn band(tat: Option<Nanos>, now: Nanos, quota: &Quota, take: Take, debt: u32) ->
     if quota.is_unlimited() {
         return UNLIMITED;
     }
-    let interval = u128::from(quota.emission_interval_nanos());
-    let tolerance = interval * u128::from(quota.burst());
+    // The furthest time the decision can reach: now, the band's bound
+    // (tolerance and debt), and the amount asked beyond it.
+    let asked = match take {
+        Take::Charge(n) | Take::Force(n) => n.max(1),
+        Take::Require => 1,
+    };
+    let units = u64::from(quota.burst()) + u64::from(debt) + u64::from(asked);
+    let furthest = quota
+        .emission_interval_nanos()
+        .checked_mul(units)
+        .and_then(|span| span.checked_add(now));
+    match furthest {
+        Some(_) => band_in::<u64>(tat, now, quota, take, debt),
+        None => band_in::<u128>(tat, now, quota, take, debt),
+    }
+}
+
+/// [`band`] in the integer `W`, in which every time it reaches fits.
+#[inline]
+fn band_in<W: Width>(tat: Option<Nanos>, now: Nanos, quota: &Quota, take: Take, debt: u32) -> BandDecision {
+    let interval = W::from(quota.emission_interval_nanos());
+    let tolerance = interval * W::from(quota.burst());
     // The most of the band a TAT may use: the tolerance, and the debt.
-    let bound = tolerance + interval * u128::from(debt);
-    let now_w = u128::from(now);
+    let bound = tolerance + interval * W::from(debt);
+    let now_w = W::from(now);
     let ceiling = now_w + bound;
-    let stored = tat.map_or(now_w, u128::from);
+    let stored = tat.map_or(now_w, W::from);
     // Clamp into [now, now + bound]: an expired TAT is a fresh state, a TAT
     // from the future (backwards clock) is at worst an emptied burst (and
     // the allowed debt), and is written back clamped so that the clamp does
     // not have to be repeated until the clock has caught up.
-    let clamped = (stored > ceiling).then(|| sat_u64(ceiling));
+    let clamped = (stored > ceiling).then(|| ceiling.sat_u64());
     let base = stored.max(now_w).min(ceiling);
     let used = base - now_w;
     // whether admitted, the use after, the wait of a denial, the units forgiven
     let (allowed, after, retry, forgiven) = match take {
         Take::Charge(cost) => {
-            let charged = used + interval * u128::from(cost);
+            let charged = used + interval * W::from(cost);
             // a peek always admits, a band in debt included
             if charged <= tolerance || cost == 0 {
-                (true, charged, 0, 0)
+                (true, charged, W::ZERO, 0)
             } else {
                 (false, used, charged - tolerance, 0)
             }
@@ -223,34 +291,41 @@ fn band(tat: Option<Nanos>, now: Nanos, quota: &Quota, take: Take, debt: u32) ->
         Take::Require => {
             let wanted = used + interval;
             if wanted <= tolerance {
-                (true, used, 0, 0)
+                (true, used, W::ZERO, 0)
             } else {
                 (false, used, wanted - tolerance, 0)
             }
         }
         Take::Force(units) => {
-            let wanted = used + interval * u128::from(units);
+            let wanted = used + interval * W::from(units);
             if wanted <= bound {
-                (true, wanted, 0, 0)
+                (true, wanted, W::ZERO, 0)
             } else {
-                (true, bound, 0, sat_u32((wanted - bound) / interval))
+                (
+                    true,
+                    bound,
+                    W::ZERO,
+                    (wanted - bound).div_rem(interval).0.sat_u32(),
+                )
             }
         }
     };
     let new_tat = if after > used {
-        Some(sat_u64(now_w + after))
+        Some((now_w + after).sat_u64())
     } else {
         clamped
     };
     // What is left: whole units, and the part of one that is not free yet.
     let (remaining, more_after) = if after > tolerance {
-        (0, after - tolerance + interval)
+        (W::ZERO, after - tolerance + interval)
     } else {
-        let (remaining, part) = div_rem(tolerance - after, interval);
-        let more_after = match (after, part) {
-            (0, _) => 0,
-            (_, 0) => interval,
-            (_, part) => interval - part,
+        let (remaining, part) = (tolerance - after).div_rem(interval);
+        let more_after = if after == W::ZERO {
+            W::ZERO
+        } else if part == W::ZERO {
+            interval
+        } else {
+            interval - part
         };
         (remaining, more_after)
     };
@@ -258,11 +333,11 @@ fn band(tat: Option<Nanos>, now: Nanos, quota: &Quota, take: Take, debt: u32) ->
         allowed,
         new_tat,
         state: BandState {
-            remaining: sat_u32(remaining),
-            reset_after_ns: sat_u64(after),
-            retry_after_ns: if allowed { 0 } else { sat_u64(retry).max(1) },
-            more_after_ns: sat_u64(more_after),
-            debt_ns: sat_u64(after.saturating_sub(tolerance)),
+            remaining: remaining.sat_u32(),
+            reset_after_ns: after.sat_u64(),
+            retry_after_ns: if allowed { 0 } else { retry.sat_u64().max(1) },
+            more_after_ns: more_after.sat_u64(),
+            debt_ns: after.saturating_sub(tolerance).sat_u64(),
             forgiven,
         },
     }
@@ -281,7 +356,7 @@ pub(crate) fn refund(tat: Option<Nanos>, now: Nanos, quota: &Quota, cost: u32, d
     let bound = interval * (u128::from(quota.burst()) + u128::from(debt));
     let base = tat.min(now_w + bound);
     let back = base.saturating_sub(interval * u128::from(cost));
-    (back > now_w).then(|| sat_u64(back))
+    (back > now_w).then(|| back.sat_u64())
 }
 
 #[cfg(test)]

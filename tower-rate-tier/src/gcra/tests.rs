@@ -227,3 +227,77 @@ fn debt_extremes_do_not_overflow() {
         decide(None, 0, &Quota::unlimited(), 5)
     );
 }
+
+/// The `u64` and `u128` runs of the algorithm, on the same input.
+fn both_widths(
+    tat: Option<Nanos>,
+    now: Nanos,
+    q: &Quota,
+    take: Take,
+    debt: u32,
+) -> (BandDecision, BandDecision) {
+    (
+        band_in::<u64>(tat, now, q, take, debt),
+        band_in::<u128>(tat, now, q, take, debt),
+    )
+}
+
+#[test]
+fn a_band_whose_furthest_time_passes_u64_is_decided_in_u128() {
+    // a year-long interval, a burst near u32::MAX, a time near the end of u64
+    let q = Quota::per_period(1, std::time::Duration::from_secs(365 * 86_400)).with_burst(u32::MAX);
+    let now = u64::MAX - S;
+    let d = decide(None, now, &q, 1);
+    assert!(d.allowed);
+    assert_eq!(d.state.remaining, u32::MAX - 1);
+    // the TAT saturates rather than wrapping
+    assert_eq!(d.new_tat, Some(u64::MAX));
+    // a band decided in u64 right below the limit answers as in u128
+    let q = Quota::per_second(10);
+    let now = u64::MAX - 3 * S;
+    let (narrow, wide) = both_widths(None, now, &q, Take::Charge(2), 0);
+    assert_eq!(narrow, wide);
+    assert_eq!(narrow.new_tat, Some(now + 2 * S / 10));
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 2_000, failure_persistence: None, ..Default::default() })]
+
+    /// Wherever the furthest time a decision can reach fits in `u64` (when
+    /// `band` computes in `u64`), both widths give the same decision: the
+    /// clamp of a TAT from the future, debt, forced charges and peeks
+    /// included.
+    #[test]
+    fn u64_decides_as_u128_wherever_it_fits(
+        count in 1..=10_000u32,
+        period_ns in 1..=10_000_000_000_000u64,
+        burst in 1..=1_000_000u32,
+        debt in proptest::prop_oneof![proptest::strategy::Just(0u32), 0..=1_000_000u32],
+        now in 0..=u64::MAX / 2,
+        // none, a time within reach of `now` (a band partly used, or in
+        // debt), or any time (mostly far ahead: the clamp)
+        tat_kind in 0..3u8,
+        ahead in 0..=20_000_000_000_000u64,
+        anywhere in proptest::prelude::any::<u64>(),
+        take in 0..3u8,
+        amount in 0..=2_000_000u32,
+    ) {
+        let q = Quota::per_period(count, std::time::Duration::from_nanos(period_ns)).with_burst(burst);
+        let tat = match tat_kind {
+            0 => None,
+            1 => Some(now + ahead),
+            _ => Some(anywhere),
+        };
+        let take = match take {
+            0 => Take::Charge(amount),
+            1 => Take::Require,
+            _ => Take::Force(amount),
+        };
+        let units = u64::from(burst) + u64::from(debt) + u64::from(amount.max(1));
+        let fits = q.emission_interval_nanos().checked_mul(units).and_then(|s| s.checked_add(now)).is_some();
+        if fits {
+            let (narrow, wide) = both_widths(tat, now, &q, take, debt);
+            proptest::prop_assert_eq!(narrow, wide);
+        }
+    }
+}

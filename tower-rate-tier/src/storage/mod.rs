@@ -177,12 +177,13 @@ impl Op {
 
     /// What the operation does to band `i`, and the debt that band may be
     /// in (0 but for an [`Op::Each`]'s bands given a debt bound).
-    pub fn band(self, i: usize) -> (Amount, u32) {
-        match self {
+    #[inline]
+    pub fn band(&self, i: usize) -> (Amount, u32) {
+        match *self {
             Op::Charge(n) | Op::Acquire { cost: n, .. } => (Amount::Charge(n), 0),
             Op::Refund(n) => (Amount::Refund(n), 0),
             Op::Release(_) => (Amount::Charge(0), 0),
-            Op::Each(amounts) | Op::AcquireEach { amounts, .. } => amounts.get(i),
+            Op::Each(ref amounts) | Op::AcquireEach { ref amounts, .. } => amounts.get(i),
         }
     }
 
