@@ -243,21 +243,29 @@ fn band(tat: Option<Nanos>, now: Nanos, quota: &Quota, take: Take, debt: u32) ->
     if quota.is_unlimited() {
         return UNLIMITED;
     }
-    // The furthest time the decision can reach: now, the band's bound
-    // (tolerance and debt), and the amount asked beyond it.
+    if fits_u64(now, quota, take, debt) {
+        band_in::<u64>(tat, now, quota, take, debt)
+    } else {
+        band_in::<u128>(tat, now, quota, take, debt)
+    }
+}
+
+/// Whether the furthest time a decision of `take` on a band allowed `debt`
+/// units of debt can reach fits in `u64`: now, the band's bound (tolerance
+/// and debt), and the amount asked beyond it. Every value [`band_in`]
+/// computes is at most that time.
+#[inline]
+fn fits_u64(now: Nanos, quota: &Quota, take: Take, debt: u32) -> bool {
     let asked = match take {
         Take::Charge(n) | Take::Force(n) => n.max(1),
         Take::Require => 1,
     };
     let units = u64::from(quota.burst()) + u64::from(debt) + u64::from(asked);
-    let furthest = quota
+    quota
         .emission_interval_nanos()
         .checked_mul(units)
-        .and_then(|span| span.checked_add(now));
-    match furthest {
-        Some(_) => band_in::<u64>(tat, now, quota, take, debt),
-        None => band_in::<u128>(tat, now, quota, take, debt),
-    }
+        .and_then(|span| span.checked_add(now))
+        .is_some()
 }
 
 /// [`band`] in the integer `W`, in which every time it reaches fits.

@@ -247,6 +247,7 @@ fn a_band_whose_furthest_time_passes_u64_is_decided_in_u128() {
     // a year-long interval, a burst near u32::MAX, a time near the end of u64
     let q = Quota::per_period(1, std::time::Duration::from_secs(365 * 86_400)).with_burst(u32::MAX);
     let now = u64::MAX - S;
+    assert!(!fits_u64(now, &q, Take::Charge(1), 0));
     let d = decide(None, now, &q, 1);
     assert!(d.allowed);
     assert_eq!(d.state.remaining, u32::MAX - 1);
@@ -255,6 +256,7 @@ fn a_band_whose_furthest_time_passes_u64_is_decided_in_u128() {
     // a band decided in u64 right below the limit answers as in u128
     let q = Quota::per_second(10);
     let now = u64::MAX - 3 * S;
+    assert!(fits_u64(now, &q, Take::Charge(2), 0));
     let (narrow, wide) = both_widths(None, now, &q, Take::Charge(2), 0);
     assert_eq!(narrow, wide);
     assert_eq!(narrow.new_tat, Some(now + 2 * S / 10));
@@ -293,9 +295,7 @@ proptest::proptest! {
             1 => Take::Require,
             _ => Take::Force(amount),
         };
-        let units = u64::from(burst) + u64::from(debt) + u64::from(amount.max(1));
-        let fits = q.emission_interval_nanos().checked_mul(units).and_then(|s| s.checked_add(now)).is_some();
-        if fits {
+        if fits_u64(now, &q, take, debt) {
             let (narrow, wide) = both_widths(tat, now, &q, take, debt);
             proptest::prop_assert_eq!(narrow, wide);
         }
