@@ -542,6 +542,31 @@ async fn a_slot_refused_by_a_custom_storage_is_a_429_even_when_its_bands_admit()
     refused_until_dropped(&app, held).await;
 }
 
+/// Behind a deny cache and a fallback, each around the memory storage, a
+/// slot is given back as the memory storage alone gives it back, however
+/// each wrapper passes the release on.
+#[tokio::test]
+async fn slots_are_given_back_through_the_storage_wrappers() {
+    use tower_rate_tier::storage::{DenyCache, Fallback, MemoryStorage, Storage};
+    let storages: [Arc<dyn Storage>; 2] = [
+        Arc::new(DenyCache::new(MemoryStorage::new())),
+        Arc::new(Fallback::builder(MemoryStorage::new()).build()),
+    ];
+    for storage in storages {
+        let tiers = RateTier::builder()
+            .tier("enterprise", Quota::per_minute(100))
+            .tier_concurrency("enterprise", 2)
+            .storage(storage.clone())
+            .build();
+        let app = enterprise(tiers);
+        for _ in 0..3 {
+            let held = [open(&app, "corp").await, open(&app, "corp").await];
+            assert!(held.iter().all(|r| r.status() == StatusCode::OK), "{storage:?}");
+            refused_until_dropped(&app, held).await;
+        }
+    }
+}
+
 #[test]
 fn configuration_mistakes_are_build_errors() {
     use tower_rate_tier::BuildError;

@@ -16,8 +16,9 @@ use crate::storage::{Decide, Lease};
 
 /// What gives a slot back: the user and tier it was taken under.
 pub(crate) trait SlotOwner: Send + Sync {
-    /// Starts giving back the slot of `lease`.
-    fn release_slot(&self, lease: Lease) -> Decide;
+    /// Starts giving back the slot of `lease`: `None` when it was given
+    /// back at once.
+    fn release_slot(&self, lease: Lease) -> Option<Decide>;
 }
 
 /// The slot of an admitted request.
@@ -59,7 +60,9 @@ impl Drop for SlotGuard {
         if let Some(gauge) = &self.in_use {
             gauge.decrement(1.0);
         }
-        let release = self.owner.release_slot(self.lease);
+        let Some(release) = self.owner.release_slot(self.lease) else {
+            return;
+        };
         if let Err(pending) = release.into_ready() {
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                 runtime.spawn(async move {

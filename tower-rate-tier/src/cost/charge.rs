@@ -107,7 +107,7 @@ pub(crate) struct Charges(pub(crate) SmallVec<[Option<Arc<Charge>>; 2]>);
 impl crate::slot::SlotOwner for Charge {
     /// Gives back the slot of `lease`, taken under this charge's user and
     /// tier.
-    fn release_slot(&self, lease: crate::storage::Lease) -> crate::storage::Decide {
+    fn release_slot(&self, lease: crate::storage::Lease) -> Option<crate::storage::Decide> {
         self.ledger.tiers.release(self.user.id(), &self.tier, lease)
     }
 }

@@ -81,7 +81,7 @@ use dashmap::mapref::entry::Entry as MapEntry;
 use smallvec::SmallVec;
 
 use super::{
-    Amount, BandName, Decide, Decision, DecisionSource, MAX_BANDS, Op, ScopeKey, Storage, StorageKey,
+    Amount, BandName, Decide, Decision, DecisionSource, Lease, MAX_BANDS, Op, ScopeKey, Storage, StorageKey,
     TierScope, band_names, decide_bands,
 };
 use crate::clock::{Clock, Nanos};
@@ -184,6 +184,11 @@ impl TierScope for DenyScope {
         self.table.guard(name, bands, op, clock.now(), || {
             self.inner.decide(user, bands, op, clock)
         })
+    }
+
+    /// Passed on: a release is never cached.
+    fn release(&self, user: &str, bands: &[Quota], lease: Lease, clock: &Arc<dyn Clock>) -> Option<Decide> {
+        self.inner.release(user, bands, lease, clock)
     }
 }
 

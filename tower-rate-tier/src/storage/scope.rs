@@ -50,7 +50,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use super::{Decide, Op, Storage, StorageKey};
+use super::{Decide, Lease, Op, Storage, StorageKey};
 use crate::clock::Clock;
 use crate::quota::Quota;
 
@@ -80,6 +80,15 @@ pub trait TierScope: Send + Sync + fmt::Debug + 'static {
     /// Carries out `op` on every band of `user` in this tier, atomically, as
     /// [`Storage::decide`] does for the key of `user` in this tier.
     fn decide(&self, user: &str, bands: &[Quota], op: Op, clock: &Arc<dyn Clock>) -> Decide;
+
+    /// Gives back the slot of `lease` that `user` took in this tier
+    /// ([`Op::Release`] over the tier's `bands`). `None` when the slot was
+    /// given back at once with nothing to tell; else the storage's answer,
+    /// which may have to be awaited. By default, [`decide`](TierScope::decide)
+    /// carries out the release.
+    fn release(&self, user: &str, bands: &[Quota], lease: Lease, clock: &Arc<dyn Clock>) -> Option<Decide> {
+        Some(self.decide(user, bands, Op::Release(lease), clock))
+    }
 }
 
 /// The scope of a tier whose storage prepares none: each decision goes to

@@ -289,9 +289,11 @@ impl RateTier {
         Begun::Asked(self.decide(user, tier, op))
     }
 
-    /// Gives back the slot of `lease` that `user` took in `tier`.
-    pub(crate) fn release(&self, user: UserId<'_>, tier: &TierEntry, lease: Lease) -> Decide {
-        self.decide(user, tier, Op::Release(lease))
+    /// Gives back the slot of `lease` that `user` took in `tier`: `None`
+    /// when it was given back at once (see [`TierScope::release`]).
+    pub(crate) fn release(&self, user: UserId<'_>, tier: &TierEntry, lease: Lease) -> Option<Decide> {
+        tier.scope
+            .release(user.as_str(), &tier.decided, lease, &self.inner.clock)
     }
 
     /// Gives `cost` back to `user` in `tier`.

@@ -260,6 +260,12 @@ impl TierScope for MemoryScope {
     fn decide(&self, user: &str, bands: &[Quota], op: Op, clock: &Arc<dyn Clock>) -> Decide {
         Decide::ready(self.inner.decide(&self.scope, user, bands, op, clock))
     }
+
+    /// Given back at once, under the user's slot set's lock.
+    fn release(&self, user: &str, _: &[Quota], lease: super::Lease, _: &Arc<dyn Clock>) -> Option<Decide> {
+        self.inner.release_slot(&self.scope, user, lease);
+        None
+    }
 }
 
 impl fmt::Debug for MemoryScope {

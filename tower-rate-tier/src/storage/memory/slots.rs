@@ -138,7 +138,7 @@ impl Inner {
 
     /// Gives `lease` back; the slots still in use. The set stays for the
     /// next request, unless the sets are past the key cap.
-    fn release_slot(&self, scope: &Scope, user: &str, lease: Lease) -> u32 {
+    pub(super) fn release_slot(&self, scope: &Scope, user: &str, lease: Lease) -> u32 {
         let in_use = match scope.slots.get_mut(user) {
             Some(mut set) => {
                 set.release(lease);
