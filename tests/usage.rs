@@ -749,3 +749,43 @@ async fn a_reservation_above_the_burst_names_the_tier_and_the_unit() {
         (&serde_json::json!(1_001), &serde_json::json!(1_000))
     );
 }
+
+/// At the key cap, a tier whose only bands are a unit's (no request band)
+/// refuses the identities without a key of their own once their shared
+/// bucket is in debt: each request only requires a byte to be left, which
+/// must be asked of that bucket, not of a fresh state.
+#[tokio::test]
+async fn at_the_key_cap_a_unit_only_tier_refuses_overflow_identities_in_debt() {
+    let storage = tower_rate_tier::storage::MemoryStorage::builder()
+        .max_keys(1)
+        .build();
+    let tiers = RateTier::builder()
+        .tier("free", Quota::unlimited())
+        .tier_unit("free", "content-bytes", Quota::per_minute(100))
+        .storage(storage.clone())
+        .clock(FakeClock::new())
+        .build();
+    let app = Router::new()
+        .route("/big", get(|| async { vec![b'x'; 100] }))
+        .layer(TierLimitLayer::new(tiers.clone()).identifier_fn(header_identity));
+    // the storage is full
+    tiers.record("filler", "free", "content-bytes", 1).await.unwrap();
+    assert_eq!(storage.len(), 1);
+    let mut statuses = Vec::new();
+    for i in 0..10 {
+        let user = if i % 2 == 0 {
+            "mallory".to_owned()
+        } else {
+            format!("m{i}")
+        };
+        statuses.push(send(&app, get_as(&user, "/big")).await.status);
+    }
+    // the first 100 bytes fit the shared minute; every later request meets
+    // its debt
+    assert_eq!(statuses[0], StatusCode::OK);
+    assert!(
+        statuses[1..].iter().all(|s| *s == StatusCode::TOO_MANY_REQUESTS),
+        "{statuses:?}"
+    );
+    assert_eq!(storage.len(), 1, "an overflow identity got a key of its own");
+}

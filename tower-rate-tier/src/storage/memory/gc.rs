@@ -44,18 +44,22 @@ impl Inner {
         }
     }
 
-    /// Takes one slot under the key cap, reclaiming expired keys first when
-    /// the cap is reached; `false` when the storage is still full.
-    /// Whether a decision that keeps nothing for a key without one (a
-    /// refund: an overflow identity settling a reservation) goes to the
-    /// overflow bucket: the storage is full, so the identity was decided
-    /// there.
-    pub(super) fn refunds_overflow(&self, op: crate::storage::Op) -> bool {
-        let refund = (0..crate::storage::MAX_BANDS)
-            .any(|i| matches!(op.band(i).0, crate::storage::Amount::Refund(n) if n > 0));
-        refund && self.len.load(Ordering::Relaxed) >= self.max_keys
+    /// Whether `op`, for an identity without a key of its own, goes to its
+    /// tier's overflow bucket though it keeps nothing of a fresh state: the
+    /// storage is full (so the identity's state is the bucket's), and `op`
+    /// requires a unit (the answer must see the bucket's debt: a tier whose
+    /// only bands are a unit's admits by that alone) or gives units back (a
+    /// reservation settled below its estimate gives the difference back
+    /// there). A peek answers from a fresh state.
+    pub(super) fn keyless_in_overflow(&self, op: crate::storage::Op) -> bool {
+        use crate::storage::Amount;
+        let reads = (0..crate::storage::MAX_BANDS)
+            .any(|i| matches!(op.band(i).0, Amount::Require | Amount::Refund(1..)));
+        reads && self.len.load(Ordering::Relaxed) >= self.max_keys
     }
 
+    /// Takes one slot under the key cap, reclaiming expired keys first when
+    /// the cap is reached; `false` when the storage is still full.
     pub(super) fn reserve_slot(&self, now: Nanos) -> bool {
         if self.len.fetch_add(1, Ordering::Relaxed) < self.max_keys {
             return true;

@@ -77,9 +77,12 @@ const DEFAULT_GC_INTERVAL: Duration = Duration::from_secs(60);
 ///   Such decisions report [`DecisionSource::Overflow`] (the layer emits
 ///   [`RateLimitEvent::Overflow`](crate::RateLimitEvent::Overflow)), and the
 ///   storage logs a warning at most once per 10 s with their count. While
-///   the storage is full, a refund of an identity without a key of its own
-///   goes to the overflow bucket (a reservation settled below its estimate
-///   gives the difference back there).
+///   the storage is full, a decision of an identity without a key of its
+///   own that keeps nothing of a fresh state is made in the overflow bucket
+///   too when it requires a unit (a tier whose only bands are a unit's is
+///   refused while the shared bucket is in debt) or gives units back (a
+///   reservation settled below its estimate gives the difference back
+///   there); a peek answers from a fresh state.
 /// * The cap counts keys, not bytes. A key holds the user id (at most
 ///   [`MAX_USER_ID_LEN`](crate::tier::MAX_USER_ID_LEN), 256 bytes, through
 ///   [`RateTier`](crate::RateTier)) and a TAT, in a table slot of its
@@ -361,7 +364,7 @@ impl Inner {
         let mut tat = [None];
         let decision = super::decide_bands(&mut tat, now, bands, op);
         if tat[0].is_none() {
-            if self.refunds_overflow(op) {
+            if self.keyless_in_overflow(op) {
                 return Ok(self.decide_overflow(scope.key(user), bands, op, clock));
             }
             // Denied, a peek, or a refund: nothing to keep.

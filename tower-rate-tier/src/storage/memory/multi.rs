@@ -143,7 +143,7 @@ impl Inner {
             let now = clock.now();
             let (decision, new) = apply(seeded(single).as_ref(), now);
             if new.is_none() {
-                if single.is_none() && self.refunds_overflow(op) {
+                if single.is_none() && self.keyless_in_overflow(op) {
                     return Ok(self.decide_overflow(scope.key(user), bands, op, clock));
                 }
                 return Ok(decision);
