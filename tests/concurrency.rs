@@ -542,6 +542,28 @@ async fn a_slot_refused_by_a_custom_storage_is_a_429_even_when_its_bands_admit()
     refused_until_dropped(&app, held).await;
 }
 
+/// A route priced with `tier_cost` answers with the concurrency item as
+/// any admitted response does: its price is settled in the rate bands
+/// alone, and the slot it holds is the one its admission took.
+#[tokio::test]
+async fn a_priced_route_keeps_the_concurrency_item() {
+    let app = routes()
+        .route(
+            "/search",
+            get(|| async { "hits" }).layer(tower_rate_tier::tier_cost(3)),
+        )
+        .layer(TierLimitLayer::new(tiers(Quota::per_minute(20), 2)).identifier_fn(header_identity));
+    for (path, left) in [("/", "19"), ("/search", "16")] {
+        let reply = send(&app, get_as("ada", path)).await;
+        assert_eq!(reply.status, StatusCode::OK);
+        assert_eq!(item(&reply.headers, "ratelimit", "free")["r"], left, "{path}");
+        let slots = item(&reply.headers, "ratelimit", "free.concurrency");
+        assert_eq!(slots["r"], "1", "{path}: one of two slots free while it runs");
+        let policy = item(&reply.headers, "ratelimit-policy", "free.concurrency");
+        assert_eq!(policy["q"], "2", "{path}");
+    }
+}
+
 /// Behind a deny cache and a fallback, each around the memory storage, a
 /// slot is given back as the memory storage alone gives it back, however
 /// each wrapper passes the release on.

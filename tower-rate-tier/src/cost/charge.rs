@@ -58,6 +58,18 @@ pub(crate) enum Outcome {
     Bypass,
 }
 
+impl Outcome {
+    /// The slot state its fields report, for a tier with a concurrency
+    /// limit.
+    fn slots(&self) -> Option<crate::storage::SlotState> {
+        match self {
+            Outcome::Admitted(decision) => decision.slots,
+            Outcome::Shadowed(limited) => limited.detail.slots,
+            Outcome::Refused | Outcome::Bypass => None,
+        }
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct ChargeState {
     pub(super) charged: u32,
@@ -269,13 +281,14 @@ impl Charge {
                         self.admitted(declared, source, info);
                         Ok(())
                     }
-                    Ok(Err(limited)) if self.ledger.shadowed(&self.tier) => {
+                    Ok(Err(mut limited)) if self.ledger.shadowed(&self.tier) => {
                         // Let through, consuming nothing.
                         self.ledger
                             .refusals
                             .shadow_limited(self.user.as_str(), declared, &limited);
                         let mut state = self.lock();
                         state.source = Source::Edge;
+                        limited.detail.slots = limited.detail.slots.or(state.outcome.slots());
                         state.outcome = Outcome::Shadowed(limited);
                         Ok(())
                     }
@@ -362,7 +375,11 @@ impl Charge {
         let mut state = self.lock();
         state.charged = charged;
         state.source = source;
-        state.outcome = Outcome::Admitted(info.into_decision());
+        let mut decision = info.into_decision();
+        // a settlement decides the bands alone: the slot the request holds
+        // is the admission's
+        decision.slots = decision.slots.or(state.outcome.slots());
+        state.outcome = Outcome::Admitted(decision);
     }
 
     async fn storage_failed(
