@@ -153,6 +153,28 @@ async fn settle(server: &RedisServer) {
     panic!("a slot is still taken after every response ended");
 }
 
+/// A request that goes away while its acquire waits for Redis (a timeout
+/// layer gave up, the client left) holds no slot: the script takes one when
+/// it runs all the same, and the limiter gives it back once the answer
+/// comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_dropped_while_its_acquire_waits_gives_the_slot_back() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let app = instance(storage(&server.url()).await, Quota::per_minute(100), 1);
+    // connected, the script loaded
+    drop(get(&app, "ada").await);
+    settle(&server).await;
+    server.pause(true);
+    let gave_up = tokio::time::timeout(Duration::from_millis(50), get(&app, "ada")).await;
+    server.pause(false);
+    assert!(gave_up.is_err(), "answered while Redis was paused");
+    // the acquire of the request that went away ran, and its slot is back
+    settle(&server).await;
+    assert_eq!(get(&app, "ada").await.status(), StatusCode::OK);
+}
+
 async fn body(response: http::Response<Body>) -> String {
     let bytes = http_body_util::BodyExt::collect(response.into_body())
         .await

@@ -1,7 +1,8 @@
 //! [`SlotGuard`]: the slot of a tier's concurrency limit that one admitted
 //! request holds, given back when the guard is dropped to its
 //! [`SlotOwner`] (the request's charge, which knows the user and tier it
-//! was taken under).
+//! was taken under). [`Acquiring`]: a slot being taken, which a request
+//! that goes away before the storage answers gives back all the same.
 //!
 //! The guard travels with the request: in the response future until the
 //! inner service answers, then in the response body until it ends. So the
@@ -10,9 +11,12 @@
 //! handler panicked and the task unwound), or when the inner service fails.
 
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
-use crate::storage::{Decide, Lease};
+use crate::storage::{Decide, Decision, Lease, StorageError};
 
 /// What gives a slot back: the user and tier it was taken under.
 pub(crate) trait SlotOwner: Send + Sync {
@@ -78,5 +82,63 @@ impl fmt::Debug for SlotGuard {
         f.debug_struct("SlotGuard")
             .field("lease", &self.lease)
             .finish_non_exhaustive()
+    }
+}
+
+/// Gives back the slot of a lease taken for a request that went away.
+pub(crate) type Release = Box<dyn FnOnce(Lease) -> Option<Decide> + Send>;
+
+/// The storage's answer to an acquire that has to be awaited (Redis). The
+/// storage takes the slot whether anyone still waits for the answer or
+/// not: when the request goes away first (its future dropped: the client
+/// left, a timeout layer gave up), the answer is awaited in a task of its
+/// own and the slot it took, if any, given back with `release`. Outside a
+/// tokio runtime the slot is left to its lease.
+pub(crate) struct Acquiring {
+    pending: Option<Decide>,
+    /// `None` for a decision that takes no slot.
+    release: Option<Release>,
+}
+
+impl Acquiring {
+    pub(crate) fn new(pending: Decide, release: Option<Release>) -> Self {
+        Acquiring {
+            pending: Some(pending),
+            release,
+        }
+    }
+}
+
+impl Future for Acquiring {
+    type Output = Result<Decision, StorageError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let Some(pending) = self.pending.as_mut() else {
+            panic!("an acquire was polled after it completed");
+        };
+        let answer = std::task::ready!(Pin::new(pending).poll(cx));
+        self.pending = None;
+        Poll::Ready(answer)
+    }
+}
+
+impl Drop for Acquiring {
+    fn drop(&mut self) {
+        let (Some(pending), Some(release)) = (self.pending.take(), self.release.take()) else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        runtime.spawn(async move {
+            let Ok(decision) = pending.await else {
+                return;
+            };
+            if let Some(lease) = decision.slots.and_then(|s| s.lease) {
+                if let Some(release) = release(lease) {
+                    let _ = release.await;
+                }
+            }
+        });
     }
 }

@@ -15,8 +15,8 @@ use crate::identity::{ANONYMOUS_PREFIX, OwnQuotas, TierIdentity};
 use crate::policy::{OnMissing, OnUnknownTier};
 use crate::problem::problem;
 use crate::refusal::Refusals;
-use crate::slot::SlotGuard;
-use crate::storage::{Decide, Decision, DecisionSource, StorageError, StorageErrorKind};
+use crate::slot::{Acquiring, Release, SlotGuard};
+use crate::storage::{Decision, DecisionSource, StorageError, StorageErrorKind};
 use crate::tier::{Begun, CheckError, RateLimitInfo, TierEntry, User, check_result};
 
 /// The key `ClientAddrs::anonymous_key` gives an unidentified client
@@ -125,7 +125,7 @@ pub(crate) enum Decided {
     /// Known now.
     Now(Answer),
     /// To be awaited (Redis).
-    Pending(Decide),
+    Pending(Acquiring),
 }
 
 /// What decided a bill.
@@ -151,9 +151,18 @@ pub(crate) fn decide(config: &LayerConfig, bill: &Bill) -> Decided {
         Begun::Failed(error) => Decided::Now(Answer::Failed(error)),
         Begun::Asked(decide) => match decide.into_ready() {
             Ok(decision) => Decided::Now(Answer::Storage(decision)),
-            Err(pending) => Decided::Pending(pending),
+            Err(pending) => Decided::Pending(Acquiring::new(pending, releaser(config, bill))),
         },
     }
+}
+
+/// What gives back a slot the bill's decision took for a request that went
+/// away before it was answered: `None` for a tier without a concurrency
+/// limit.
+fn releaser(config: &LayerConfig, bill: &Bill) -> Option<Release> {
+    bill.tier.concurrency?;
+    let (tiers, user, tier) = (config.ledger.tiers.clone(), bill.user.clone(), bill.tier.clone());
+    Some(Box::new(move |lease| tiers.release(user.id(), &tier, lease)))
 }
 
 /// Who pays how much, or the answer when the request is not charged.

@@ -16,7 +16,7 @@ use super::future::{ResponseFuture, finish};
 use super::head::Head;
 use crate::body::ResponseBody;
 use crate::identity::TierIdentity;
-use crate::storage::Decide;
+use crate::slot::Acquiring;
 
 /// The service of [`TierLimitLayer`](crate::TierLimitLayer).
 #[derive(Clone)]
@@ -53,7 +53,7 @@ pub(crate) enum Start {
     #[cfg_attr(not(feature = "buffered-body"), allow(dead_code))]
     Identified(Option<TierIdentity>),
     /// Billed; the storage's answer is awaited.
-    Decide(Bill, Decide),
+    Decide(Bill, Acquiring),
 }
 
 impl<S, ReqB, ResB> Service<Request<ReqB>> for TierLimitService<S>
