@@ -156,9 +156,8 @@ pub(crate) fn decide(config: &LayerConfig, bill: &Bill) -> Decided {
     }
 }
 
-/// What gives back a slot the bill's decision took for a request that went
-/// away before it was answered: `None` for a tier without a concurrency
-/// limit.
+/// What gives back the slot a bill's decision took for a request gone
+/// before the answer: `None` for a tier without a concurrency limit.
 fn releaser(config: &LayerConfig, bill: &Bill) -> Option<Release> {
     bill.tier.concurrency?;
     let (tiers, user, tier) = (config.ledger.tiers.clone(), bill.user.clone(), bill.tier.clone());

@@ -89,7 +89,7 @@ use crate::quota::Quota;
 
 mod refunds;
 
-use refunds::{Refunding, Refunds};
+use refunds::{Refunds, refund};
 
 /// The default number of keys a deny cache keeps.
 pub const DEFAULT_CAPACITY: usize = 65_536;
@@ -452,15 +452,6 @@ impl DenyTable {
             self.len.fetch_sub(1, Ordering::Relaxed);
         }
     }
-}
-
-/// A refund of the key named `name`: see [`refunds`].
-fn refund(table: &Arc<DenyTable>, name: KeyBuf, forward: impl FnOnce() -> Decide) -> Decide {
-    let refunding = Refunding::start(table, name);
-    forward().map(move |decided| {
-        drop(refunding);
-        decided
-    })
 }
 
 fn same_bands(entry: &Entry, bands: &[Quota]) -> bool {

@@ -24,6 +24,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::{DenyTable, KeyBuf};
+use crate::storage::Decide;
 
 /// The buckets refunds are counted in.
 const BUCKETS: usize = 256;
@@ -98,4 +99,14 @@ impl Drop for Refunding {
         self.table.refunds.count(&self.name);
         self.table.forget(&self.name);
     }
+}
+
+/// A refund of the key named `name`, forwarded by `forward`, counted while
+/// it is in flight.
+pub(super) fn refund(table: &Arc<DenyTable>, name: KeyBuf, forward: impl FnOnce() -> Decide) -> Decide {
+    let refunding = Refunding::start(table, name);
+    forward().map(move |decided| {
+        drop(refunding);
+        decided
+    })
 }
