@@ -789,3 +789,31 @@ async fn at_the_key_cap_a_unit_only_tier_refuses_overflow_identities_in_debt() {
     );
     assert_eq!(storage.len(), 1, "an overflow identity got a key of its own");
 }
+
+/// A handler that reserves `content-bytes` and is then refused (another
+/// unit's reservation does not fit) answers with the limiter's 429, whose
+/// content counts nothing: the bytes it reserved come back, as the
+/// request's own charge does.
+#[tokio::test]
+async fn a_refused_requests_content_bytes_reservation_comes_back() {
+    let clock = FakeClock::new();
+    let tiers = tiers(&clock);
+    let app = Router::new()
+        .route(
+            "/file",
+            get(|usage: TierUsage| async move {
+                usage.reserve("content-bytes", 30).await?;
+                usage.reserve("tokens", 800).await?;
+                Ok::<_, TierRefusal>(vec![b'x'; 30])
+            }),
+        )
+        .layer(TierLimitLayer::new(tiers.clone()).identifier_fn(header_identity));
+    assert_eq!(send(&app, get_as("ada", "/file")).await.status, StatusCode::OK);
+    assert_eq!(left(&tiers, "ada", "content-bytes").await, 70);
+    assert_eq!(left(&tiers, "ada", "tokens").await, 200);
+    // 800 tokens do not fit now
+    let refused = send(&app, get_as("ada", "/file")).await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(left(&tiers, "ada", "content-bytes").await, 70);
+    assert_eq!(left(&tiers, "ada", "tokens").await, 200);
+}

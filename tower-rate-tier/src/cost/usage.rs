@@ -205,6 +205,14 @@ impl Charge {
         at.map_or(0, |at| state.reserved.swap_remove(at).1)
     }
 
+    /// A refusal's content is the limiter's and counts nothing: what the
+    /// handler reserved of `content-bytes` is given back.
+    pub(crate) fn refused_content(&self) {
+        if self.counts(CONTENT_BYTES) {
+            self.unreserve(CONTENT_BYTES, u32::MAX);
+        }
+    }
+
     /// A meter of the response body's content, when the tier counts
     /// `content-bytes`.
     pub(crate) fn content_meter(self: &Arc<Self>) -> Option<ContentMeter> {

@@ -72,9 +72,11 @@ pub(crate) fn finish<B>(
 ) -> Response<ResponseBody<B>> {
     let meter = charge.and_then(|charge| {
         charge.finish(&mut response);
-        // a refusal's content is the limiter's, and counts nothing
-        let refused = response.extensions().get::<crate::body::Refusal>().is_some();
-        (!refused).then(|| charge.content_meter()).flatten()
+        if response.extensions().get::<crate::body::Refusal>().is_some() {
+            charge.refused_content();
+            return None;
+        }
+        charge.content_meter()
     });
     response.map(|body| ResponseBody::holding(body, slot, meter))
 }
