@@ -423,3 +423,24 @@ async fn a_refusal_by_a_unit_names_its_item() {
     assert_eq!(r.json()["violated-policies"], serde_json::json!(["free"]));
     assert_eq!(r.json()["unit"], "requests");
 }
+
+/// A window longer than a Structured Field's Integer can hold (15 digits:
+/// a yearly quota with a burst in the billions) is written as the largest
+/// one, so that the field still parses.
+#[tokio::test]
+async fn a_window_too_long_for_a_structured_field_is_written_as_the_largest_integer() {
+    let year = Duration::from_secs(365 * 86_400);
+    let tiers = RateTier::builder()
+        .tier("eon", Quota::per_period(1, year).with_burst(u32::MAX))
+        .clock(FakeClock::new())
+        .build();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(TierLimitLayer::new(tiers).identifier_fn(header_identity));
+    let reply = hit(&app, "ada", "eon").await;
+    assert_eq!(reply.status, StatusCode::OK);
+    let policy = items(reply.header("ratelimit-policy").expect("RateLimit-Policy"));
+    assert_eq!(policy[0].1["w"], 999_999_999_999_999);
+    assert_eq!(policy[0].1["q"], i64::from(u32::MAX));
+    items(reply.header("ratelimit").expect("RateLimit"));
+}

@@ -201,7 +201,7 @@ impl TierHeaders {
                 policy.push_str(";q=");
                 policy.push_str(itoa::Buffer::new().format(quota.burst()));
                 policy.push_str(";w=");
-                policy.push_str(itoa::Buffer::new().format(quota.window_secs()));
+                policy.push_str(itoa::Buffer::new().format(quota.window_secs().min(SF_INTEGER_MAX)));
                 if quota.unit().is_content_bytes() {
                     policy.push_str(";qu=\"");
                     policy.push_str(crate::quota::CONTENT_BYTES);
@@ -282,6 +282,12 @@ impl TierHeaders {
         HeaderValue::from_bytes(out.as_bytes()).ok()
     }
 }
+
+/// The largest Integer a Structured Field holds (RFC 9651: at most 15
+/// digits). A window longer than that (31.7 million years: a burst in the
+/// billions of a yearly quota) is written as this, since a parser rejects
+/// the whole field for one longer Integer.
+const SF_INTEGER_MAX: u64 = 999_999_999_999_999;
 
 /// A band's `t` (whole seconds, rounded up, at least 1) after a decision
 /// that `allowed` the request or not: until the band has more quota than now
