@@ -320,3 +320,60 @@ async fn a_lazy_storage_needs_a_runtime_and_a_valid_url() {
         .expect_err("bad prefix");
     assert!(err.to_string().contains("prefix"), "{err}");
 }
+
+/// Redis restarted while no decision was under way (a quick restart in a
+/// quiet hour): the first decision once it is back is served, not failed on
+/// the connection the restart dropped. The same, batching off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_decision_after_a_quiet_restart_is_served() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let batched = tiers(storage(&server.url()).await);
+    let single = tiers(
+        RedisStorage::builder(server.url())
+            .batching(false)
+            .connect()
+            .await
+            .unwrap(),
+    );
+    for (t, user) in [(&batched, "ada"), (&single, "bob")] {
+        assert_eq!(t.check(user, "one", 1).await.unwrap().unwrap().remaining, 36);
+    }
+    let server = tokio::task::spawn_blocking(move || {
+        let mut server = server;
+        server.kill();
+        server.restart();
+        server
+    })
+    .await
+    .unwrap();
+    for (t, user) in [(&batched, "ada"), (&single, "bob")] {
+        // the restarted server is empty: a fresh bucket
+        let first = t.check(user, "one", 1).await;
+        assert!(
+            matches!(&first, Ok(Ok(info)) if info.remaining == 36),
+            "{first:?}"
+        );
+    }
+    drop(server);
+}
+
+/// A server that closes idle clients (`timeout 1` in its configuration, as
+/// managed Redis services set; a NAT or a proxy does the same): the first
+/// decision after an idle spell is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_decision_after_the_server_closed_an_idle_connection_is_served() {
+    let Some(server) = RedisServer::start_with(&["--timeout", "1"]) else {
+        return;
+    };
+    let t = tiers(storage(&server.url()).await);
+    assert_eq!(t.check("ada", "one", 1).await.unwrap().unwrap().remaining, 36);
+    // idle for longer than the server keeps an idle client
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let first = t.check("ada", "one", 1).await;
+    assert!(
+        matches!(&first, Ok(Ok(info)) if info.remaining == 35),
+        "{first:?}"
+    );
+}

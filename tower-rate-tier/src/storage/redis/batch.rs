@@ -347,8 +347,9 @@ async fn send(inner: &Arc<Inner>, batcher: &Batcher, batch: Vec<Waiting>) {
     let call = async {
         // `Charge` stands for "each decision's own attempt" in what fails.
         match batcher.script.call(&inner.conn, &args, Attempt::Charge, to).await {
-            // Not sent (see `Inner::call`): one more try.
-            Err((_, e)) if e.is_connection_refusal() => {
+            // Not sent, or sent on a connection already dead (see
+            // `retries_once`): one more try.
+            Err((_, e)) if super::call::retries_once(&e) => {
                 batcher.script.call(&inner.conn, &args, Attempt::Charge, to).await
             }
             other => other,

@@ -50,8 +50,11 @@ impl Inner {
                     // it may be the refusal that an earlier reconnect
                     // attempt left behind (during an outage that has ended
                     // since), so one more try reconnects now rather than
-                    // failing this decision.
-                    Err((_, e)) if e.is_connection_refusal() && !refused => refused = true,
+                    // failing this decision. A dropped connection (the
+                    // server restarted, or closed it while idle) is met by
+                    // the first command sent on it after: one more try too
+                    // (see `retries_once`).
+                    Err((_, e)) if retries_once(&e) && !refused => refused = true,
                     // On a Cluster whose slots move, a redirection that the
                     // driver's own retry met again: the script did not run,
                     // so it is sent again, until the timeout (see
@@ -150,4 +153,14 @@ impl Inner {
             Batching::Off => Decide::pending(self.clone().call(args)),
         }
     }
+}
+
+/// Whether a call that failed with `e` is sent once more: on a refused
+/// connection (the command was not sent) or a dropped one (the server
+/// restarted, or closed the connection while it was idle: the first command
+/// sent on it after meets a broken pipe). A connection that drops while the
+/// command is in flight may have run it: the one more try can then apply it
+/// twice, as a timed-out call may have applied it once.
+pub(super) fn retries_once(e: &redis::RedisError) -> bool {
+    e.is_connection_refusal() || e.is_connection_dropped()
 }

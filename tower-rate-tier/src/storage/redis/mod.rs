@@ -207,8 +207,12 @@
 //! layer applies its `OnStorageError` policy. **A script that timed out on
 //! our side may still have run on the server and counted the request.** A
 //! failed call starts a reconnect in the background; a decision that meets
-//! the refusal such an attempt left behind (the command was not sent) tries
-//! once more, so the first decision after Redis is back is served. A
+//! the refusal such an attempt left behind (the command was not sent), or a
+//! connection that dropped while no call was in flight (Redis restarted, or
+//! closed the connection while it was idle, as a server `timeout` or a NAT
+//! does), tries once more, so the first decision after Redis is back is
+//! served. (A connection that drops while a call is in flight may have run
+//! it: the one more try can then apply it twice.) A
 //! cluster connection is made by a task of its own (a slow connect is never
 //! cut short by a caller's timeout) and is made again when the runtime that
 //! ran it has ended. A malformed stored value is treated as a fresh state,
