@@ -203,19 +203,16 @@
 //! [`StorageErrorKind::Timeout`](super::StorageErrorKind::Timeout); an
 //! unreachable server fails with
 //! [`StorageErrorKind::Unavailable`](super::StorageErrorKind::Unavailable),
-//! fast, without waiting for a reconnect backoff; the `RateTier` reports either as `CheckError::Storage` and the
-//! layer applies its `OnStorageError` policy. **A script that timed out on
-//! our side may still have run on the server and counted the request.** A
-//! failed call starts a reconnect in the background; a decision that meets
-//! the refusal such an attempt left behind (the command was not sent), or a
-//! connection that dropped while no call was in flight (Redis restarted, or
-//! closed the connection while it was idle, as a server `timeout` or a NAT
-//! does), tries once more, so the first decision after Redis is back is
-//! served. (A connection that drops while a call is in flight may have run
-//! it: the one more try can then apply it twice.) A
-//! cluster connection is made by a task of its own (a slow connect is never
-//! cut short by a caller's timeout) and is made again when the runtime that
-//! ran it has ended. A malformed stored value is treated as a fresh state,
+//! fast, without waiting for a reconnect backoff; the `RateTier` reports
+//! either as `CheckError::Storage` and the layer applies its
+//! `OnStorageError` policy. **A script that timed out on our side may still
+//! have run on the server and counted the request.** A failed call starts a
+//! reconnect in the background. A decision that meets the refusal it left,
+//! or a connection dropped while idle (Redis restarted; a server `timeout`
+//! or a NAT closed it), tries once more, so the first decision after Redis
+//! is back is served (one whose connection drops in flight may count twice).
+//! A cluster connection is made by a task of its own (a slow connect is
+//! never cut short by a caller's timeout), again after its runtime ended. A malformed stored value is treated as a fresh state,
 //! never a panic or a permanent deny. On a Cluster, the driver retries a call
 //! once after a redirection (`MOVED`/`ASK`) or a connection error, and the
 //! storage sends a decision again after a redirection (which never ran)
@@ -232,11 +229,10 @@
 //! [`RedisStorageBuilder::connect_lazy`] returns at once and connects with
 //! the first decision, for services that must start during an outage.
 //!
-//! A connection's driver task runs on the tokio runtime that made it. Use a
-//! storage from runtimes that keep running (a server's): a connection made on
-//! a runtime that is kept alive but no longer driven (a `block_on` that has
-//! returned) stops answering, and decisions through it time out. A runtime
-//! that has ended is fine: the next decisions connect again.
+//! A connection's driver task runs on the tokio runtime that made it: use a
+//! storage from runtimes that keep running. One made on a runtime kept alive
+//! but no longer driven (a `block_on` that returned) times out; after a
+//! runtime ended, the next decisions connect again.
 
 use std::fmt;
 use std::sync::Arc;
