@@ -12,9 +12,9 @@ use super::Source;
 use super::learned::{Learned, RouteKey};
 use crate::body::Refusal;
 use crate::headers::RateLimitHeaders;
-use crate::refusal::{Refusals, missing_limiter};
+use crate::refusal::Refusals;
 use crate::response::{apply_admitted_fields, apply_limited_fields};
-use crate::storage::Decision;
+use crate::storage::{Decision, DecisionSource};
 use crate::tier::{
     Begun, CheckError, RateLimitInfo, RateLimited, RateTier, TierEntry, User, check_result, refund_requests,
 };
@@ -59,6 +59,16 @@ pub(crate) enum Outcome {
 }
 
 impl Outcome {
+    /// Who decided what the charge holds: a refund of it goes there (see
+    /// [`TierScope::refund`](crate::storage::TierScope::refund)).
+    fn source(&self) -> DecisionSource {
+        match self {
+            Outcome::Admitted(decision) => decision.source,
+            Outcome::Shadowed(limited) => limited.detail.source,
+            Outcome::Refused | Outcome::Bypass => DecisionSource::Storage,
+        }
+    }
+
     /// The slot state its fields report, for a tier with a concurrency
     /// limit.
     fn slots(&self) -> Option<crate::storage::SlotState> {
@@ -79,9 +89,10 @@ pub(crate) struct ChargeState {
     learned: bool,
     /// The strongest route-level declaration seen, whatever came of it.
     declared: Option<(u32, Source)>,
-    /// Units reserved and not yet settled, per unit (by its id, unique
+    /// Units reserved and not yet settled, and who decided the last
+    /// reservation (a refund goes there), per unit (by its id, unique
     /// among a tier's units); empty, it allocates nothing.
-    pub(super) reserved: Vec<(u32, u32)>,
+    pub(super) reserved: Vec<(u32, Reserved)>,
 }
 
 impl ChargeState {
@@ -97,6 +108,14 @@ impl ChargeState {
             reserved: Vec::new(),
         }
     }
+}
+
+/// The units of one unit reserved and not yet settled.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Reserved {
+    pub(super) units: u32,
+    /// Who decided the last reservation: what is not used goes back there.
+    pub(super) decided_by: DecisionSource,
 }
 
 /// The limiter's handle on one request's charge, shared with route-level
@@ -170,8 +189,9 @@ impl Charge {
             let own = matches!(state.outcome, Outcome::Refused)
                 .then_some(state.declared)
                 .flatten();
+            let decided_by = state.outcome.source();
             drop(state);
-            self.give_back_now(charged);
+            self.give_back_now(charged, decided_by);
             if let (Some((method, path)), Some((cost, source))) = (&self.route, own) {
                 self.ledger.learned.set(method, path, cost, source, true);
             }
@@ -189,7 +209,7 @@ impl Charge {
             if let Outcome::Admitted(decision) = &mut state.outcome {
                 refund_requests(&mut decision.bands, &self.tier, charged);
             }
-            self.give_back_now(charged);
+            self.give_back_now(charged, state.outcome.source());
         }
         let which = self.ledger.headers;
         match &state.outcome {
@@ -229,7 +249,7 @@ impl Charge {
     /// Records `declared` (by `source`) and says whether the charge already
     /// matches it: `None` when it does (nothing to ask the storage), else
     /// the units charged so far.
-    fn note(&self, declared: u32, source: Source) -> Option<u32> {
+    pub(super) fn note(&self, declared: u32, source: Source) -> Option<u32> {
         let mut state = self.lock();
         if state.declared.is_none_or(|(_, s)| s <= source) {
             state.declared = Some((declared, source));
@@ -247,11 +267,20 @@ impl Charge {
     /// Brings the charge from `charged` to `declared`, as declared by
     /// `source`. `Err` is the refusal to answer with; nothing is then
     /// consumed.
-    async fn settle(&self, charged: u32, declared: u32, source: Source) -> Result<(), Response<Bytes>> {
+    pub(super) async fn settle(
+        &self,
+        charged: u32,
+        declared: u32,
+        source: Source,
+    ) -> Result<(), Response<Bytes>> {
         let tiers = &self.ledger.tiers;
         if declared < charged {
             let excess = charged - declared;
-            match tiers.give_back(self.user.id(), &self.tier, excess).await {
+            let decided_by = self.lock().outcome.source();
+            match tiers
+                .give_back(self.user.id(), &self.tier, excess, decided_by)
+                .await
+            {
                 Ok(()) => {
                     let mut state = self.lock();
                     state.charged = declared;
@@ -336,8 +365,12 @@ impl Charge {
 
     /// Gives `units` back from the response's way out: at once when the
     /// storage decides at once, else in a task of its own.
-    fn give_back_now(&self, units: u32) {
-        let Some(refund) = self.ledger.tiers.start_refund(self.user.id(), &self.tier, units) else {
+    fn give_back_now(&self, units: u32, decided_by: DecisionSource) {
+        let refund = self
+            .ledger
+            .tiers
+            .start_refund(self.user.id(), &self.tier, units, decided_by);
+        let Some(refund) = refund else {
             return;
         };
         match refund.into_ready() {
@@ -360,11 +393,12 @@ impl Charge {
         }
     }
 
-    async fn give_back(&self, units: u32) {
+    pub(super) async fn give_back(&self, units: u32) {
+        let decided_by = self.lock().outcome.source();
         if let Err(e) = self
             .ledger
             .tiers
-            .give_back(self.user.id(), &self.tier, units)
+            .give_back(self.user.id(), &self.tier, units, decided_by)
             .await
         {
             self.ledger.refusals.refund_failed(&e);
@@ -428,61 +462,5 @@ impl fmt::Debug for Charge {
 impl fmt::Debug for Charges {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_list().entries(self.0.iter()).finish()
-    }
-}
-
-/// A route-level declaration of `declared` units, by `source`, against the
-/// charges of every limiter the request passed.
-pub(crate) enum Settlement {
-    /// Every charge already matches: nothing to ask the storage.
-    Done,
-    /// No limiter ran before the declaration: the 500 to answer with.
-    NoLimiter(Response<Bytes>),
-    /// Some charge must be topped up or refunded: [`Settlement::run`].
-    Storage(Charges, SmallVec<[Option<u32>; 2]>),
-}
-
-impl Settlement {
-    /// Looks at every charge of the request.
-    pub(crate) fn of(charges: Option<&Charges>, declared: u32, source: Source) -> Self {
-        let Some(charges) = charges.filter(|c| !c.0.is_empty()) else {
-            return Settlement::NoLimiter(missing_limiter(declared));
-        };
-        let pending: SmallVec<[Option<u32>; 2]> = charges
-            .0
-            .iter()
-            .map(|c| c.as_ref().and_then(|c| c.note(declared, source)))
-            .collect();
-        if pending.iter().all(Option::is_none) {
-            return Settlement::Done;
-        }
-        Settlement::Storage(charges.clone(), pending)
-    }
-
-    /// Settles every charge that needs it, in order; a refusal undoes the
-    /// settlements already made.
-    pub(crate) async fn run(self, declared: u32, source: Source) -> Result<(), Response<Bytes>> {
-        let (charges, pending) = match self {
-            Settlement::Done => return Ok(()),
-            Settlement::NoLimiter(refusal) => return Err(refusal),
-            Settlement::Storage(charges, pending) => (charges, pending),
-        };
-        for (i, (charge, charged)) in charges.0.iter().zip(&pending).enumerate() {
-            let (Some(charge), Some(charged)) = (charge, *charged) else {
-                continue;
-            };
-            if let Err(refusal) = charge.settle(charged, declared, source).await {
-                for (earlier, was) in charges.0[..i].iter().zip(&pending) {
-                    let Some(earlier) = earlier else { continue };
-                    let now = earlier.lock().charged;
-                    let was = was.unwrap_or(now);
-                    if now > was {
-                        earlier.give_back(now - was).await;
-                    }
-                }
-                return Err(refusal);
-            }
-        }
-        Ok(())
     }
 }

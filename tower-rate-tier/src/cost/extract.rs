@@ -1,7 +1,8 @@
 //! The extractor `#[tier_cost(N)]` expansions add to a handler.
 
 use super::Source;
-use super::charge::{Charges, Settlement};
+use super::charge::Charges;
+use super::settlement::Settlement;
 
 /// What `#[tier_cost(N)]` adds to a handler: an extractor that settles the
 /// cost `N` before the handler runs. Not public API.

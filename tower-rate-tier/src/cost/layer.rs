@@ -12,7 +12,8 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use super::Source;
-use super::charge::{Charges, Settlement};
+use super::charge::Charges;
+use super::settlement::Settlement;
 use crate::body::ResponseBody;
 
 /// A route layer giving every request of the route a cost:

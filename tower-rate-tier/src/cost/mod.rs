@@ -111,6 +111,7 @@ mod charge;
 pub(crate) mod extract;
 mod layer;
 mod learned;
+mod settlement;
 mod usage;
 
 pub(crate) use charge::{Charge, ChargeState, Charges, Ledger, Outcome};

@@ -12,10 +12,11 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::Response;
 
+use super::charge::Reserved;
 use super::{Charge, Ledger};
 use crate::meter::{ContentMeter, UsageSink};
 use crate::quota::CONTENT_BYTES;
-use crate::storage::{Amount, Decide, Decision, StorageError};
+use crate::storage::{Amount, Decide, Decision, DecisionSource, StorageError};
 use crate::tier::{CheckError, TierEntry, check_result, forgiven, moves_nothing, settlement};
 
 /// A refused reservation: the response to answer with, and whether the
@@ -49,13 +50,15 @@ impl Charge {
         let tiers = &self.ledger.tiers;
         let refusals = &self.ledger.refusals;
         let shadowed = self.ledger.shadowed(&self.tier);
-        let decided = match tiers.start_usage(self.user.id(), &self.tier, unit, Amount::Charge(n)) {
-            Ok(decide) => check_result(&self.tier, decide.await),
-            Err(error) => Err(error),
-        };
+        let charge = Amount::Charge(n);
+        let decided =
+            match tiers.start_usage(self.user.id(), &self.tier, unit, charge, DecisionSource::Storage) {
+                Ok(decide) => check_result(&self.tier, decide.await),
+                Err(error) => Err(error),
+            };
         match decided {
-            Ok(Ok(_)) => {
-                self.add_reserved(unit, n);
+            Ok(Ok(info)) => {
+                self.add_reserved(unit, n, info.source());
                 Ok(())
             }
             Ok(Err(limited)) if shadowed => {
@@ -108,7 +111,10 @@ impl Charge {
     /// back, or what exceeds it charged, into debt if need be. Never waits:
     /// a storage that must is answered in a task of its own.
     pub(crate) fn record(&self, unit: &str, used: u32) {
-        let reserved = self.take_reserved(unit);
+        let Reserved {
+            units: reserved,
+            decided_by,
+        } = self.take_reserved(unit);
         let amount = settlement(reserved, used);
         if moves_nothing(amount) {
             // used exactly what was reserved: recorded, nothing to ask
@@ -118,7 +124,7 @@ impl Charge {
         match self
             .ledger
             .tiers
-            .start_usage(self.user.id(), &self.tier, unit, amount)
+            .start_usage(self.user.id(), &self.tier, unit, amount, decided_by)
         {
             Ok(decide) => self.settled(unit, used, decide),
             Err(error) => {
@@ -155,16 +161,19 @@ impl Charge {
     /// Gives back `n` units of `unit` this charge reserved (a reservation
     /// another limiter refused).
     pub(crate) fn unreserve(&self, unit: &str, n: u32) {
-        let reserved = self.take_reserved(unit);
+        let Reserved {
+            units: reserved,
+            decided_by,
+        } = self.take_reserved(unit);
         let back = n.min(reserved);
-        self.add_reserved(unit, reserved - back);
+        self.add_reserved(unit, reserved - back, decided_by);
         if back == 0 {
             return;
         }
         if let Ok(decide) =
             self.ledger
                 .tiers
-                .start_usage(self.user.id(), &self.tier, unit, Amount::Refund(back))
+                .start_usage(self.user.id(), &self.tier, unit, Amount::Refund(back), decided_by)
         {
             self.settled(unit, 0, decide);
         }
@@ -181,7 +190,8 @@ impl Charge {
             .usage_lost(self.user.as_str(), &self.tier.name, unit, used, &error);
     }
 
-    fn add_reserved(&self, unit: &str, n: u32) {
+    /// Adds `n` units of `unit` reserved by a decision of `decided_by`.
+    fn add_reserved(&self, unit: &str, n: u32, decided_by: DecisionSource) {
         if n == 0 {
             return;
         }
@@ -190,19 +200,26 @@ impl Charge {
         };
         let mut state = self.lock();
         match state.reserved.iter_mut().find(|(u, _)| *u == unit) {
-            Some((_, reserved)) => *reserved = reserved.saturating_add(n),
-            None => state.reserved.push((unit, n)),
+            Some((_, reserved)) => {
+                reserved.units = reserved.units.saturating_add(n);
+                reserved.decided_by = decided_by;
+            }
+            None => state.reserved.push((unit, Reserved { units: n, decided_by })),
         }
     }
 
     /// The units of `unit` reserved and not settled yet, now settled.
-    fn take_reserved(&self, unit: &str) -> u32 {
+    fn take_reserved(&self, unit: &str) -> Reserved {
+        let none = Reserved {
+            units: 0,
+            decided_by: DecisionSource::Storage,
+        };
         let Some(unit) = self.tier.unit(unit).map(|u| u.unit.id()) else {
-            return 0;
+            return none;
         };
         let mut state = self.lock();
         let at = state.reserved.iter().position(|(u, _)| *u == unit);
-        at.map_or(0, |at| state.reserved.swap_remove(at).1)
+        at.map_or(none, |at| state.reserved.swap_remove(at).1)
     }
 
     /// A refusal's content is the limiter's and counts nothing: what the

@@ -81,15 +81,17 @@ use dashmap::mapref::entry::Entry as MapEntry;
 use smallvec::SmallVec;
 
 use super::{
-    Amount, BandName, Decide, Decision, DecisionSource, Lease, MAX_BANDS, Op, ScopeKey, Storage, StorageKey,
+    Amount, BandName, Decide, Decision, DecisionSource, MAX_BANDS, Op, ScopeKey, Storage, StorageKey,
     TierScope, band_names, decide_bands,
 };
 use crate::clock::{Clock, Nanos};
 use crate::quota::Quota;
 
 mod refunds;
+mod scope;
 
 use refunds::{Refunds, refund};
+use scope::DenyScope;
 
 /// The default number of keys a deny cache keeps.
 pub const DEFAULT_CAPACITY: usize = 65_536;
@@ -164,39 +166,6 @@ impl<S: Storage> Storage for DenyCache<S> {
             table: self.table.clone(),
             prefix: tier_prefix(at),
         }))
-    }
-}
-
-/// A tier prepared in a [`DenyCache`]: the wrapped storage's scope of the
-/// tier, the cache, and the tier's part of its keys' names.
-struct DenyScope {
-    inner: Arc<dyn TierScope>,
-    table: Arc<DenyTable>,
-    /// `[len][namespace][len][tier]`, which a user id completes.
-    prefix: KeyBuf,
-}
-
-impl TierScope for DenyScope {
-    fn decide(&self, user: &str, bands: &[Quota], op: Op, clock: &Arc<dyn Clock>) -> Decide {
-        let mut name = KeyBuf::with_capacity(self.prefix.len() + user.len());
-        name.extend_from_slice(&self.prefix);
-        name.extend_from_slice(user.as_bytes());
-        self.table.guard(name, bands, op, clock.now(), || {
-            self.inner.decide(user, bands, op, clock)
-        })
-    }
-
-    /// Passed on: a release is never cached.
-    fn release(&self, user: &str, bands: &[Quota], lease: Lease, clock: &Arc<dyn Clock>) -> Option<Decide> {
-        self.inner.release(user, bands, lease, clock)
-    }
-}
-
-impl fmt::Debug for DenyScope {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("DenyScope")
-            .field("inner", &self.inner)
-            .finish_non_exhaustive()
     }
 }
 

@@ -264,10 +264,7 @@ impl Shared {
         call: Call<'_>,
         primary: impl Fn(Op) -> Decide,
     ) -> Decide {
-        let domain = self
-            .domain_of
-            .as_ref()
-            .map_or(0, |domain_of| domain_of(at.user(call.user)));
+        let domain = self.domain(at, call.user);
         let trial = match self.route(domain, call.clock) {
             Route::Primary => false,
             Route::Local(epoch) => return Decide::ready(self.answer_locally(local, call, epoch)),

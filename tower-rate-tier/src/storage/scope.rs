@@ -50,7 +50,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use super::{Decide, Lease, Op, Storage, StorageKey};
+use super::{Decide, DecisionSource, Lease, Op, Storage, StorageKey};
 use crate::clock::Clock;
 use crate::quota::Quota;
 
@@ -88,6 +88,28 @@ pub trait TierScope: Send + Sync + fmt::Debug + 'static {
     /// carries out the release.
     fn release(&self, user: &str, bands: &[Quota], lease: Lease, clock: &Arc<dyn Clock>) -> Option<Decide> {
         Some(self.decide(user, bands, Op::Release(lease), clock))
+    }
+
+    /// Carries out `op`, which gives back (some of) what an earlier decision
+    /// of `user` charged, made by `decided_by` ([`Decision::source`]): a
+    /// storage that decided it elsewhere gives it back there. By default,
+    /// as [`decide`](TierScope::decide) does; a
+    /// [`Fallback`](super::Fallback) gives back what its local limiter
+    /// charged to that limiter while the key's domain answers locally, and
+    /// nowhere once the primary answers again (the primary never charged
+    /// it).
+    ///
+    /// [`Decision::source`]: super::Decision::source
+    fn refund(
+        &self,
+        user: &str,
+        bands: &[Quota],
+        op: Op,
+        decided_by: DecisionSource,
+        clock: &Arc<dyn Clock>,
+    ) -> Decide {
+        let _ = decided_by;
+        self.decide(user, bands, op, clock)
     }
 }
 

@@ -45,7 +45,7 @@ use crate::clock::Clock;
 use crate::headers::TierHeaders;
 use crate::policy::OnMissing;
 use crate::quota::Quota;
-use crate::storage::{Decide, Lease, Op, ScopeKey, Slots, Storage, TierScope};
+use crate::storage::{Decide, DecisionSource, Lease, Op, ScopeKey, Slots, Storage, TierScope};
 
 mod builder;
 mod live;
@@ -160,6 +160,10 @@ impl RateTier {
     }
 
     /// Gives `cost` back to `user` in `tier` (never below a fresh state).
+    /// Through a [`Fallback`](crate::storage::Fallback), where it decides
+    /// now: after an outage, to the primary, even for what its local
+    /// limiter charged. (The layer gives a request's charge back where it
+    /// was decided.)
     pub async fn refund(&self, user: &str, tier: &str, cost: u32) -> Result<(), CheckError> {
         let entry = self
             .resolve(tier)
@@ -168,7 +172,7 @@ impl RateTier {
         let Some(user) = UserId::new(user) else {
             return Ok(());
         };
-        self.give_back(user, &entry, cost).await
+        self.give_back(user, &entry, cost, DecisionSource::Storage).await
     }
 
     /// The configured tier names now, in the order they were added.
@@ -296,26 +300,38 @@ impl RateTier {
             .release(user.as_str(), &tier.decided, lease, &self.inner.clock)
     }
 
-    /// Gives `cost` back to `user` in `tier`.
+    /// Gives `cost` back to `user` in `tier`, charged by a decision of
+    /// `decided_by` (see [`TierScope::refund`]).
     pub(crate) async fn give_back(
         &self,
         user: UserId<'_>,
         tier: &TierEntry,
         cost: u32,
+        decided_by: DecisionSource,
     ) -> Result<(), CheckError> {
-        if let Some(refund) = self.start_refund(user, tier, cost) {
+        if let Some(refund) = self.start_refund(user, tier, cost, decided_by) {
             refund.await?;
         }
         Ok(())
     }
 
-    /// Starts giving `cost` back to `user` in `tier`; `None` when there is
-    /// nothing to give back.
-    pub(crate) fn start_refund(&self, user: UserId<'_>, tier: &TierEntry, cost: u32) -> Option<Decide> {
+    /// Starts giving `cost` back to `user` in `tier`, charged by a decision
+    /// of `decided_by`; `None` when there is nothing to give back.
+    pub(crate) fn start_refund(
+        &self,
+        user: UserId<'_>,
+        tier: &TierEntry,
+        cost: u32,
+        decided_by: DecisionSource,
+    ) -> Option<Decide> {
         if tier.unlimited || cost == 0 {
             return None;
         }
-        Some(self.decide(user, tier, tier.refund(cost)))
+        let op = tier.refund(cost);
+        Some(
+            tier.scope
+                .refund(user.as_str(), &tier.decided, op, decided_by, &self.inner.clock),
+        )
     }
 
     #[inline]

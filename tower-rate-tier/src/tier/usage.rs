@@ -28,7 +28,7 @@
 
 use super::{CheckError, CheckResult, RateTier, TierEntry, UnitBands, UserId, check_result};
 
-use crate::storage::{Amount, Decide, Decision};
+use crate::storage::{Amount, Decide, Decision, DecisionSource};
 use crate::throttle::Throttle;
 
 impl RateTier {
@@ -79,13 +79,17 @@ impl RateTier {
         // (a reservation of 0 is a peek of the unit: its state)
         check_result(
             &entry,
-            self.start_usage(user, &entry, unit, Amount::Charge(n))?.await,
+            self.start_usage(user, &entry, unit, Amount::Charge(n), DecisionSource::Storage)?
+                .await,
         )
     }
 
     /// Settles a reservation of `reserved` units of `unit` once `used` is
     /// known: gives back the unused part, or charges what exceeds it as
-    /// [`RateTier::record`] does.
+    /// [`RateTier::record`] does. The unused part goes back where a
+    /// [`Fallback`](crate::storage::Fallback) decides now, as
+    /// [`RateTier::refund`] does (the layer's [`TierUsage`](crate::TierUsage)
+    /// gives it back where the reservation was decided).
     pub async fn settle(
         &self,
         user: &str,
@@ -98,7 +102,8 @@ impl RateTier {
         let user = UserId::new(user).ok_or(CheckError::InvalidUserId)?;
         let amount = settlement(reserved, used);
         if !moves_nothing(amount) {
-            self.start_usage(user, &entry, unit, amount)?.await?;
+            self.start_usage(user, &entry, unit, amount, DecisionSource::Storage)?
+                .await?;
         }
         Ok(())
     }
@@ -112,7 +117,9 @@ impl RateTier {
         Ok(entry)
     }
 
-    /// Starts doing `amount` to the bands of `unit` of `user` in `tier`.
+    /// Starts doing `amount` to the bands of `unit` of `user` in `tier`; a
+    /// refund gives back what a decision of `decided_by` reserved (see
+    /// [`TierScope::refund`](crate::storage::TierScope::refund)).
     /// A charge above the unit's smallest burst could never fit, and an
     /// unknown unit is refused. (An amount that moves nothing is its
     /// callers' to skip: see [`moves_nothing`].)
@@ -122,8 +129,18 @@ impl RateTier {
         tier: &TierEntry,
         unit: &str,
         amount: Amount,
+        decided_by: DecisionSource,
     ) -> Result<Decide, CheckError> {
-        self.start_on(user, tier, unit_bands(tier, unit)?, amount)
+        let bands = unit_bands(tier, unit)?;
+        if let Amount::Refund(_) = amount {
+            // given back where the reservation was decided
+            let op = tier.on_unit(bands, amount);
+            let clock = &self.inner.clock;
+            return Ok(tier
+                .scope
+                .refund(user.as_str(), &tier.decided, op, decided_by, clock));
+        }
+        self.start_on(user, tier, bands, amount)
     }
 
     /// [`RateTier::start_usage`] on the bands of a unit already found.

@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 
 use super::Shared;
 use crate::clock::{Clock, Nanos};
+use crate::storage::ScopeKey;
 
 /// The state of one failure domain that failed.
 #[derive(Debug, Clone, Copy)]
@@ -42,6 +43,24 @@ pub(super) enum Route {
 }
 
 impl Shared {
+    /// The failure domain of `user` in the tier `at`.
+    pub(super) fn domain(&self, at: ScopeKey<'_>, user: &str) -> u64 {
+        self.domain_of
+            .as_ref()
+            .map_or(0, |domain_of| domain_of(at.user(user)))
+    }
+
+    /// The spell of `domain`'s local state while it answers locally (it
+    /// has switched, whether a probe or a trial is due or not); `None` while
+    /// the primary answers it. Changes nothing.
+    pub(super) fn local_epoch(&self, domain: u64) -> Option<u64> {
+        if self.troubled.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        let state = self.domains.get(&domain)?;
+        state.probe_at.map(|_| state.epoch)
+    }
+
     /// Locally while the domain has switched, except for a probe that is due.
     pub(super) fn route(&self, domain: u64, clock: &Arc<dyn Clock>) -> Route {
         if self.troubled.load(Ordering::Relaxed) == 0 {

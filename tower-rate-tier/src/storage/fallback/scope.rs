@@ -8,7 +8,7 @@ use super::Shared;
 use super::local::{Call, Local};
 use crate::clock::Clock;
 use crate::quota::Quota;
-use crate::storage::{Decide, Op, ScopeKey, Storage, TierScope};
+use crate::storage::{BandStates, Decide, Decision, DecisionSource, Op, ScopeKey, Storage, TierScope};
 
 /// A tier prepared in a fallback: the primary's scope of the tier, the
 /// local limiter's, and the tier's names (for the failure domain of a key).
@@ -33,6 +33,14 @@ impl FallbackScope {
         }
     }
 
+    /// Where the local limiter keeps the tier.
+    fn local(&self) -> Local<'_> {
+        match &self.local {
+            Some(scope) => Local::Prepared(scope),
+            None => Local::Named(self.at()),
+        }
+    }
+
     fn at(&self) -> ScopeKey<'_> {
         ScopeKey {
             namespace: &self.namespace,
@@ -43,10 +51,7 @@ impl FallbackScope {
 
 impl TierScope for FallbackScope {
     fn decide(&self, user: &str, bands: &[Quota], op: Op, clock: &Arc<dyn Clock>) -> Decide {
-        let local = match &self.local {
-            Some(scope) => Local::Prepared(scope),
-            None => Local::Named(self.at()),
-        };
+        let local = self.local();
         let call = Call {
             user,
             bands,
@@ -56,6 +61,36 @@ impl TierScope for FallbackScope {
         self.shared.decide(self.at(), local, call, |op| {
             self.primary.decide(user, bands, op, clock)
         })
+    }
+
+    /// A refund of what the local limiter charged goes to it while the
+    /// key's domain answers locally (into the spell of now), and nowhere once
+    /// the primary answers again: the primary never charged it, and the
+    /// local state is never merged into the primary's. Any other refund is
+    /// decided as any operation.
+    fn refund(
+        &self,
+        user: &str,
+        bands: &[Quota],
+        op: Op,
+        decided_by: DecisionSource,
+        clock: &Arc<dyn Clock>,
+    ) -> Decide {
+        if decided_by != DecisionSource::Fallback {
+            return self.decide(user, bands, op, clock);
+        }
+        let Some(epoch) = self.shared.local_epoch(self.shared.domain(self.at(), user)) else {
+            let nothing = Decision::new(true, clock.now(), BandStates::new());
+            return Decide::ready(Ok(nothing.with_source(DecisionSource::Fallback)));
+        };
+        let local = self.local();
+        let call = Call {
+            user,
+            bands,
+            op,
+            clock,
+        };
+        Decide::ready(self.shared.answer_locally(local, call, epoch))
     }
 }
 
