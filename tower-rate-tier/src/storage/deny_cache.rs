@@ -25,7 +25,8 @@
 //! answer in flight meanwhile is kept (it may describe the state before the
 //! refund); a refund made by another instance is not seen, and the entry
 //! keeps denying until it expires (at most until the band is full again,
-//! the longest `Retry-After` the storage itself gave).
+//! the longest `Retry-After` the storage itself gave). So is a storage that
+//! lost its state (Redis restarted without persistence).
 //!
 //! Memory is bounded: entries expire when their bands are full again (an
 //! expired entry is removed when next looked up, and by a sweep when the
