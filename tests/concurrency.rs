@@ -564,6 +564,56 @@ async fn a_priced_route_keeps_the_concurrency_item() {
     }
 }
 
+/// The app of `free` (100 a minute) whose users carry the contract
+/// `contract` makes of their identity.
+fn contract_app(contract: fn(TierIdentity) -> TierIdentity) -> Router {
+    let tiers = RateTier::builder()
+        .tier("free", Quota::per_minute(100))
+        .clock(FakeClock::new())
+        .build();
+    routes().layer(
+        TierLimitLayer::new(tiers).identifier_fn(move |headers: &HeaderMap| {
+            let user = headers.get("x-user")?.to_str().ok()?;
+            Some(contract(TierIdentity::new(user, "free")))
+        }),
+    )
+}
+
+/// One part of a contract a tier could not have is ignored alone: a limit
+/// of 0 in flight leaves the contract's own bands in force, and bands a
+/// tier could not have (five) leave its own limit in force.
+#[tokio::test]
+async fn a_contracts_invalid_part_is_ignored_alone() {
+    let app = contract_app(|id| id.with_quotas(Quota::per_minute(2)).with_concurrency(0));
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        statuses.push(send(&app, get_as("acme", "/")).await.status);
+    }
+    assert_eq!(
+        statuses,
+        [StatusCode::OK, StatusCode::OK, StatusCode::TOO_MANY_REQUESTS]
+    );
+
+    let app = contract_app(|id| {
+        id.with_concurrency(1).with_quotas([
+            Quota::per_second(10),
+            Quota::per_minute(100),
+            Quota::per_hour(1_000),
+            Quota::per_day(10_000),
+            Quota::per_week(50_000),
+        ])
+    });
+    let held = open(&app, "acme").await;
+    assert_eq!(held.status(), StatusCode::OK);
+    let second = send(&app, get_as("acme", "/")).await;
+    assert_eq!(
+        second.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "the contract's one slot is held"
+    );
+    drop(held);
+}
+
 /// Behind a deny cache and a fallback, each around the memory storage, a
 /// slot is given back as the memory storage alone gives it back, however
 /// each wrapper passes the release on.

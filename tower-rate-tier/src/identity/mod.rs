@@ -228,7 +228,8 @@ impl TierIdentity {
     /// and `RateLimit-Policy` show them under the tier's name. The tier must
     /// still be configured (or the layer's `OnUnknownTier` applies); bands
     /// that a tier could not have (none, too many, unlimited mixed with
-    /// limited) are ignored with a warning and the tier's are used.
+    /// limited) are ignored with a warning and the tier's are used; the
+    /// rest of the contract (its concurrency limit, its units) still applies.
     ///
     /// ```
     /// use tower_rate_tier::{Quota, TierIdentity};
@@ -282,7 +283,8 @@ impl TierIdentity {
     /// ([`RateTierBuilder::tier_concurrency`](crate::RateTierBuilder::tier_concurrency)),
     /// also on a tier without one. Its rate stays the tier's (or its own,
     /// with [`with_quotas`](Self::with_quotas), in either order). A limit of
-    /// 0 is ignored with a warning and the tier's is used.
+    /// 0 is ignored with a warning and the tier's is used; the rest of the
+    /// contract still applies.
     ///
     /// ```
     /// use tower_rate_tier::{Quota, TierIdentity};

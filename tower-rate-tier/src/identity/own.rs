@@ -78,33 +78,36 @@ impl OwnQuotas {
         self.concurrency
     }
 
-    /// `tier` with these bands: the entry built for it before, else built
+    /// `tier` with these quotas: the entry built for it before, else built
     /// now (and kept, in place of one built for another version of the
-    /// tier); an error when they are not bands a tier could have.
-    pub(crate) fn entry(&self, tier: &Arc<TierEntry>) -> Result<Arc<TierEntry>, BuildError> {
+    /// tier). A part a tier could not have (its bands, a limit of 0, a
+    /// unit's bands) is `ignored` alone, when the entry is built: the
+    /// tier's stands in for it, and the other parts still apply.
+    pub(crate) fn entry(
+        &self,
+        tier: &Arc<TierEntry>,
+        mut ignored: impl FnMut(&BuildError),
+    ) -> Arc<TierEntry> {
         let mut built = self.built.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(built) = &*built {
             if std::ptr::eq(built.base.as_ptr(), Arc::as_ptr(tier)) {
-                return Ok(built.entry.clone());
+                return built.entry.clone();
             }
         }
-        let concurrency = match self.concurrency {
-            Some(n) => {
-                Some(NonZeroU32::new(n).ok_or_else(|| BuildError::ZeroConcurrency(tier.name.to_string()))?)
+        let concurrency = self.concurrency.and_then(|n| {
+            let limit = NonZeroU32::new(n);
+            if limit.is_none() {
+                ignored(&BuildError::ZeroConcurrency(tier.name.to_string()));
             }
-            None => None,
-        };
-        let entry = Arc::new(TierEntry::own(
-            tier,
-            self.bands.as_deref(),
-            concurrency,
-            &self.units,
-        )?);
+            limit
+        });
+        let own = TierEntry::own(tier, self.bands.as_deref(), concurrency, &self.units, ignored);
+        let entry = Arc::new(own);
         *built = Some(Built {
             base: Arc::downgrade(tier),
             entry: entry.clone(),
         });
-        Ok(entry)
+        entry
     }
 }
 

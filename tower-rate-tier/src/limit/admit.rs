@@ -33,17 +33,11 @@ pub(crate) enum Admission {
     Refuse(http::Response<bytes::Bytes>),
 }
 
-/// `tier` with an identity's own bands (built once per `with_quotas` value),
-/// or `tier` itself when they are not bands a tier could have (a throttled
+/// `tier` with an identity's own quotas (built once per `with_quotas`
+/// value); a part a tier could not have is ignored alone (a throttled
 /// warning says so).
 fn own_quotas(tier: Arc<TierEntry>, own: &OwnQuotas, refusals: &Refusals) -> Arc<TierEntry> {
-    match own.entry(&tier) {
-        Ok(entry) => entry,
-        Err(error) => {
-            refusals.own_quotas_ignored(&tier.name, &error);
-            tier
-        }
-    }
+    own.entry(&tier, |error| refusals.own_quotas_ignored(&tier.name, error))
 }
 
 /// The request's charge, put where route-level declarations find it: the

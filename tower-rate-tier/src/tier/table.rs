@@ -192,23 +192,30 @@ impl TierEntry {
 impl TierEntry {
     /// `tier` with bands of one identity's own, counted apart from the
     /// tier's users (in the tier's [own scope](TierEntry::own_scope)), and
-    /// its concurrency limit or one of the identity's own.
+    /// its concurrency limit or one of the identity's own. Each part a tier
+    /// could not have (bands, a unit's bands) is `ignored` alone: the
+    /// tier's stands in for it, and the others still apply.
     pub(crate) fn own(
         tier: &TierEntry,
         bands: Option<&[Quota]>,
         concurrency: Option<NonZeroU32>,
         units: &[super::UnitQuotas],
-    ) -> Result<TierEntry, BuildError> {
-        let mut entry = match bands {
-            Some(bands) => {
-                let own = |_: &str| tier.own_scope().clone();
-                let mut entry = TierEntry::new_in(tier.name.clone(), bands.to_vec(), &tier.preparer, own)?;
-                entry.concurrency = None;
-                // the tier's units, counted in the same bucket as its bands
-                for unit in tier.units.iter() {
-                    entry = entry.with_unit(unit.unit.as_str(), Some(unit.bands.to_vec()))?;
-                }
-                entry
+        mut ignored: impl FnMut(&BuildError),
+    ) -> TierEntry {
+        let own_bands = bands.map(|bands| {
+            let own = |_: &str| tier.own_scope().clone();
+            let mut entry = TierEntry::new_in(tier.name.clone(), bands.to_vec(), &tier.preparer, own)?;
+            // the tier's units, counted in the same bucket as its bands
+            for unit in tier.units.iter() {
+                entry = entry.with_unit(unit.unit.as_str(), Some(unit.bands.to_vec()))?;
+            }
+            Ok::<_, BuildError>(entry)
+        });
+        let mut entry = match own_bands {
+            Some(Ok(entry)) => entry,
+            Some(Err(error)) => {
+                ignored(&error);
+                tier.clone()
             }
             // the tier's bands, in the tier's bucket
             None => tier.clone(),
@@ -219,11 +226,9 @@ impl TierEntry {
             // tier has it (and the rest of the contract as it is)
             match entry.clone().with_unit(unit, Some(bands.to_vec())) {
                 Ok(with) => entry = with,
-                Err(error) => {
-                    tracing::warn!(target: "tower_rate_tier", tier = %tier.name, %error, "an identity's own bands of a unit were ignored");
-                }
+                Err(error) => ignored(&error),
             }
         }
-        Ok(entry.with_concurrency(concurrency.or(tier.concurrency)))
+        entry.with_concurrency(concurrency.or(tier.concurrency))
     }
 }
