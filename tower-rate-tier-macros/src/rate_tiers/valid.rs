@@ -15,6 +15,17 @@ const MAX_NAME_LEN: usize = 255;
 /// The longest unit name the runtime accepts, in bytes.
 const MAX_UNIT_LEN: usize = 24;
 
+/// The most request bands a tier has (the runtime's `MAX_REQUEST_BANDS`).
+const MAX_REQUEST_BANDS: usize = 4;
+
+/// The most bands a tier's requests and units have together (the
+/// runtime's `storage::MAX_BANDS`).
+const MAX_BANDS: usize = 8;
+
+/// The character that separates a tier's name from its customers' own
+/// quotas in storage (the runtime's `tier::OWN_QUOTAS_SEPARATOR`).
+const OWN_QUOTAS_SEPARATOR: char = '\u{1f}';
+
 /// The unit names the runtime keeps for itself, and what to write instead.
 const RESERVED_UNITS: [(&str, &str); 3] = [
     (
@@ -102,6 +113,22 @@ impl Variant {
             ),
         }
 
+        let requests = self
+            .tier
+            .as_ref()
+            .filter(|tier| tier.unlimited.is_none())
+            .map_or(0, |tier| tier.bands.list.len());
+        let total = requests + self.units.iter().map(|u| u.bands.list.len()).sum::<usize>();
+        if total > MAX_BANDS && requests <= MAX_REQUEST_BANDS {
+            errors.spanned(
+                &self.ident,
+                format_args!(
+                    "`{}` has {total} bands with its units; a tier has at most {MAX_BANDS} in all",
+                    self.ident
+                ),
+            );
+        }
+
         let mut units = HashSet::new();
         for unit in &self.units {
             unit.validate(errors);
@@ -151,6 +178,14 @@ impl Tier {
                      `per_day`, `per_week`, or `count` with `period_secs`",
                 );
             }
+        } else if bands.len() > MAX_REQUEST_BANDS {
+            errors.spanned(
+                &self.tokens,
+                format_args!(
+                    "a tier has at most {MAX_REQUEST_BANDS} request bands; this one has {}",
+                    bands.len()
+                ),
+            );
         } else if let Some(burst) = self.bands.burst.as_ref().filter(|_| bands.len() > 1) {
             errors.spanned(
                 &burst.key,
@@ -173,6 +208,12 @@ impl Tier {
                 errors.spanned(
                     name.to_token_stream(),
                     format_args!("a tier name is 1 to {MAX_NAME_LEN} bytes long"),
+                );
+            } else if name.value().contains(OWN_QUOTAS_SEPARATOR) {
+                errors.spanned(
+                    name.to_token_stream(),
+                    "a tier name cannot hold U+001F: it separates a tier's name from the storage name of \
+                     its customers' own quotas",
                 );
             }
         }

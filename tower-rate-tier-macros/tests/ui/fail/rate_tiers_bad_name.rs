@@ -6,6 +6,8 @@ enum Plan {
     Free,
     #[tier(per_hour = 200, name = pro)]
     Pro,
+    #[tier(per_hour = 300, name = "team\u{1f}own")]
+    Team,
 }
 
 fn main() {}

@@ -10,11 +10,14 @@ pub enum Plan {
     #[tier(unit = "concurrent-requests", per_hour = 1)]
     #[tier(unit = "Tokens", per_hour = 1)]
     #[tier(unit = "", per_hour = 1)]
+    Free,
+    // (two variants: a tier has at most 8 bands with its units)
+    #[tier(per_hour = 100)]
     #[tier(unit = "a-unit-name-of-twenty-seven", per_hour = 1)]
     #[tier(unit = "2fa", per_hour = 1)]
     #[tier(unit = "_private", per_hour = 1)]
     #[tier(unit = "content bytes", per_hour = 1)]
-    Free,
+    Team,
     #[tier(per_hour = 100)]
     #[tier(unit = tokens, per_hour = 1)]
     #[tier(unit, per_hour = 1)]
