@@ -10,6 +10,7 @@ use smallvec::SmallVec;
 
 use super::Source;
 use super::learned::{Learned, RouteKey};
+use super::parts::{Parts, Reserved};
 use crate::body::Refusal;
 use crate::headers::RateLimitHeaders;
 use crate::refusal::Refusals;
@@ -59,16 +60,6 @@ pub(crate) enum Outcome {
 }
 
 impl Outcome {
-    /// Who decided what the charge holds: a refund of it goes there (see
-    /// [`TierScope::refund`](crate::storage::TierScope::refund)).
-    fn source(&self) -> DecisionSource {
-        match self {
-            Outcome::Admitted(decision) => decision.source,
-            Outcome::Shadowed(limited) => limited.detail.source,
-            Outcome::Refused | Outcome::Bypass => DecisionSource::Storage,
-        }
-    }
-
     /// The slot state its fields report, for a tier with a concurrency
     /// limit.
     fn slots(&self) -> Option<crate::storage::SlotState> {
@@ -83,14 +74,18 @@ impl Outcome {
 #[derive(Debug)]
 pub(crate) struct ChargeState {
     pub(super) charged: u32,
+    /// Of `charged`, the units a [`Fallback`](crate::storage::Fallback)'s
+    /// local limiter charged: a refund gives them back there (see
+    /// [`TierScope::refund`](crate::storage::TierScope::refund)), never to
+    /// the primary.
+    local: u32,
     source: Source,
     outcome: Outcome,
     /// The limiter priced the request from what it learned of the route.
     learned: bool,
     /// The strongest route-level declaration seen, whatever came of it.
     declared: Option<(u32, Source)>,
-    /// Units reserved and not yet settled, and who decided the last
-    /// reservation (a refund goes there), per unit (by its id, unique
+    /// Units reserved and not yet settled, per unit (by its id, unique
     /// among a tier's units); empty, it allocates nothing.
     pub(super) reserved: Vec<(u32, Reserved)>,
 }
@@ -99,8 +94,13 @@ impl ChargeState {
     /// `charged` units charged at the limiter, set by `source`; `learned`
     /// when priced from what the limiter learned of the route.
     pub(crate) fn new(charged: u32, source: Source, outcome: Outcome, learned: bool) -> Self {
+        let local = match &outcome {
+            Outcome::Admitted(decision) if decision.source == DecisionSource::Fallback => charged,
+            _ => 0,
+        };
         ChargeState {
             charged,
+            local,
             source,
             outcome,
             learned,
@@ -110,12 +110,29 @@ impl ChargeState {
     }
 }
 
-/// The units of one unit reserved and not yet settled.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Reserved {
-    pub(super) units: u32,
-    /// Who decided the last reservation: what is not used goes back there.
-    pub(super) decided_by: DecisionSource,
+impl ChargeState {
+    /// Adds `units` charged by a decision of `decided_by`.
+    fn add(&mut self, units: u32, decided_by: DecisionSource) {
+        self.charged = self.charged.saturating_add(units);
+        if decided_by == DecisionSource::Fallback {
+            self.local = self.local.saturating_add(units);
+        }
+    }
+
+    /// Takes `units` (at most what is charged) off the charge.
+    fn take(&mut self, units: u32) -> Parts {
+        let units = units.min(self.charged);
+        let parts = Parts::of(units, self.local);
+        self.charged -= units;
+        self.local -= parts.local;
+        parts
+    }
+
+    /// Puts back what [`ChargeState::take`] took (a refund that failed).
+    fn put_back(&mut self, parts: Parts) {
+        self.charged = self.charged.saturating_add(parts.local + parts.primary);
+        self.local = self.local.saturating_add(parts.local);
+    }
 }
 
 /// The limiter's handle on one request's charge, shared with route-level
@@ -185,13 +202,12 @@ impl Charge {
             // the limiter from then on, to every user, even one whose quota
             // is spent. A refusal from further in says nothing of the
             // route's price.
-            let charged = std::mem::take(&mut state.charged);
+            let charged = state.take(u32::MAX);
             let own = matches!(state.outcome, Outcome::Refused)
                 .then_some(state.declared)
                 .flatten();
-            let decided_by = state.outcome.source();
             drop(state);
-            self.give_back_now(charged, decided_by);
+            self.give_back_now(charged);
             if let (Some((method, path)), Some((cost, source))) = (&self.route, own) {
                 self.ledger.learned.set(method, path, cost, source, true);
             }
@@ -205,11 +221,11 @@ impl Charge {
         if refund && state.charged > 0 {
             // The inner service's answer is one the layer was told to give
             // the charge back for.
-            let charged = std::mem::take(&mut state.charged);
+            let charged = state.charged;
             if let Outcome::Admitted(decision) = &mut state.outcome {
                 refund_requests(&mut decision.bands, &self.tier, charged);
             }
-            self.give_back_now(charged, state.outcome.source());
+            self.give_back_now(state.take(charged));
         }
         let which = self.ledger.headers;
         match &state.outcome {
@@ -276,21 +292,25 @@ impl Charge {
         let tiers = &self.ledger.tiers;
         if declared < charged {
             let excess = charged - declared;
-            let decided_by = self.lock().outcome.source();
-            match tiers
-                .give_back(self.user.id(), &self.tier, excess, decided_by)
-                .await
-            {
+            let parts = self.lock().take(excess);
+            let mut given = Ok(());
+            for (units, decided_by) in parts.each() {
+                let back = tiers.give_back(self.user.id(), &self.tier, units, decided_by);
+                given = given.and(back.await);
+            }
+            let mut state = self.lock();
+            match given {
                 Ok(()) => {
-                    let mut state = self.lock();
-                    state.charged = declared;
                     state.source = source;
                     if let Outcome::Admitted(decision) = &mut state.outcome {
                         refund_requests(&mut decision.bands, &self.tier, excess);
                     }
                 }
                 // Over-charged rather than under-charged; still admitted.
-                Err(e) => self.ledger.refusals.refund_failed(&e),
+                Err(e) => {
+                    state.put_back(parts);
+                    self.ledger.refusals.refund_failed(&e);
+                }
             }
             return Ok(());
         }
@@ -304,7 +324,6 @@ impl Charge {
                 // Give the pre-charge back and decide the whole cost afresh, so
                 // that the answer and its headers are exact.
                 self.give_back(charged).await;
-                self.lock().charged = 0;
                 match self.charge(declared).await {
                     Ok(Ok(info)) => {
                         self.admitted(declared, source, info);
@@ -363,9 +382,16 @@ impl Charge {
         }
     }
 
-    /// Gives `units` back from the response's way out: at once when the
-    /// storage decides at once, else in a task of its own.
-    fn give_back_now(&self, units: u32, decided_by: DecisionSource) {
+    /// Gives `parts` back from the response's way out, each where it was
+    /// charged: at once when the storage decides at once, else in a task of
+    /// its own.
+    fn give_back_now(&self, parts: Parts) {
+        for (units, decided_by) in parts.each() {
+            self.give_back_part_now(units, decided_by);
+        }
+    }
+
+    fn give_back_part_now(&self, units: u32, decided_by: DecisionSource) {
         let refund = self
             .ledger
             .tiers
@@ -393,21 +419,27 @@ impl Charge {
         }
     }
 
+    /// Takes `units` off the charge and gives them back, each part where
+    /// it was charged.
     pub(super) async fn give_back(&self, units: u32) {
-        let decided_by = self.lock().outcome.source();
-        if let Err(e) = self
-            .ledger
-            .tiers
-            .give_back(self.user.id(), &self.tier, units, decided_by)
-            .await
-        {
-            self.ledger.refusals.refund_failed(&e);
+        let parts = self.lock().take(units);
+        for (units, decided_by) in parts.each() {
+            let tiers = &self.ledger.tiers;
+            if let Err(e) = tiers
+                .give_back(self.user.id(), &self.tier, units, decided_by)
+                .await
+            {
+                self.ledger.refusals.refund_failed(&e);
+            }
         }
     }
 
+    /// The charge brought to `charged` by `info`'s decision, as declared by
+    /// `source`.
     fn admitted(&self, charged: u32, source: Source, info: RateLimitInfo) {
         let mut state = self.lock();
-        state.charged = charged;
+        let more = charged.saturating_sub(state.charged);
+        state.add(more, info.source());
         state.source = source;
         let mut decision = info.into_decision();
         // a settlement decides the bands alone: the slot the request holds
@@ -444,7 +476,7 @@ impl Charge {
 
     fn refuse(&self) {
         let mut state = self.lock();
-        state.charged = 0;
+        state.take(u32::MAX);
         state.source = Source::Edge;
         state.outcome = Outcome::Refused;
     }

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::Response;
 
-use super::charge::Reserved;
+use super::parts::{Parts, Reserved};
 use super::{Charge, Ledger};
 use crate::meter::{ContentMeter, UsageSink};
 use crate::quota::CONTENT_BYTES;
@@ -111,21 +111,32 @@ impl Charge {
     /// back, or what exceeds it charged, into debt if need be. Never waits:
     /// a storage that must is answered in a task of its own.
     pub(crate) fn record(&self, unit: &str, used: u32) {
-        let Reserved {
-            units: reserved,
-            decided_by,
-        } = self.take_reserved(unit);
-        let amount = settlement(reserved, used);
+        let reserved = self.take_reserved(unit);
+        let amount = settlement(reserved.units, used);
         if moves_nothing(amount) {
             // used exactly what was reserved: recorded, nothing to ask
             let refusals = &self.ledger.refusals;
             return refusals.usage_recorded(self.user.as_str(), &self.tier.name, unit, used, 0);
         }
-        match self
-            .ledger
-            .tiers
-            .start_usage(self.user.id(), &self.tier, unit, amount, decided_by)
-        {
+        if let Amount::Refund(back) = amount {
+            // each part given back where it was reserved; the last one
+            // reports the usage
+            let parts = Parts::of(back, reserved.local);
+            let last = parts.each().count();
+            for (i, (units, decided_by)) in parts.each().enumerate() {
+                let reported = if i + 1 == last { used } else { 0 };
+                self.settle_part(unit, reported, Amount::Refund(units), decided_by);
+            }
+            return;
+        }
+        self.settle_part(unit, used, amount, DecisionSource::Storage);
+    }
+
+    /// Starts `amount` of `unit` (a refund: of what a decision of
+    /// `decided_by` reserved) and reports `used` when it is settled.
+    fn settle_part(&self, unit: &str, used: u32, amount: Amount, decided_by: DecisionSource) {
+        let tiers = &self.ledger.tiers;
+        match tiers.start_usage(self.user.id(), &self.tier, unit, amount, decided_by) {
             Ok(decide) => self.settled(unit, used, decide),
             Err(error) => {
                 self.ledger
@@ -161,21 +172,24 @@ impl Charge {
     /// Gives back `n` units of `unit` this charge reserved (a reservation
     /// another limiter refused).
     pub(crate) fn unreserve(&self, unit: &str, n: u32) {
-        let Reserved {
-            units: reserved,
-            decided_by,
-        } = self.take_reserved(unit);
-        let back = n.min(reserved);
-        self.add_reserved(unit, reserved - back, decided_by);
-        if back == 0 {
-            return;
-        }
-        if let Ok(decide) =
-            self.ledger
-                .tiers
-                .start_usage(self.user.id(), &self.tier, unit, Amount::Refund(back), decided_by)
-        {
-            self.settled(unit, 0, decide);
+        let reserved = self.take_reserved(unit);
+        let parts = Parts::of(n.min(reserved.units), reserved.local);
+        self.put_reserved(
+            unit,
+            Reserved {
+                units: reserved.units - parts.local - parts.primary,
+                local: reserved.local - parts.local,
+            },
+        );
+        for (units, decided_by) in parts.each() {
+            let refund = Amount::Refund(units);
+            if let Ok(decide) =
+                self.ledger
+                    .tiers
+                    .start_usage(self.user.id(), &self.tier, unit, refund, decided_by)
+            {
+                self.settled(unit, 0, decide);
+            }
         }
     }
 
@@ -192,7 +206,17 @@ impl Charge {
 
     /// Adds `n` units of `unit` reserved by a decision of `decided_by`.
     fn add_reserved(&self, unit: &str, n: u32, decided_by: DecisionSource) {
-        if n == 0 {
+        let local = if decided_by == DecisionSource::Fallback {
+            n
+        } else {
+            0
+        };
+        self.put_reserved(unit, Reserved { units: n, local });
+    }
+
+    /// Adds `more` to what is reserved of `unit`.
+    fn put_reserved(&self, unit: &str, more: Reserved) {
+        if more.units == 0 {
             return;
         }
         let Some(unit) = self.tier.unit(unit).map(|u| u.unit.id()) else {
@@ -201,19 +225,16 @@ impl Charge {
         let mut state = self.lock();
         match state.reserved.iter_mut().find(|(u, _)| *u == unit) {
             Some((_, reserved)) => {
-                reserved.units = reserved.units.saturating_add(n);
-                reserved.decided_by = decided_by;
+                reserved.units = reserved.units.saturating_add(more.units);
+                reserved.local = reserved.local.saturating_add(more.local);
             }
-            None => state.reserved.push((unit, Reserved { units: n, decided_by })),
+            None => state.reserved.push((unit, more)),
         }
     }
 
     /// The units of `unit` reserved and not settled yet, now settled.
     fn take_reserved(&self, unit: &str) -> Reserved {
-        let none = Reserved {
-            units: 0,
-            decided_by: DecisionSource::Storage,
-        };
+        let none = Reserved { units: 0, local: 0 };
         let Some(unit) = self.tier.unit(unit).map(|u| u.unit.id()) else {
             return none;
         };

@@ -1,0 +1,167 @@
+//! A request's charge and its reservations decided partly by a fallback's
+//! local limiter and partly by its primary: each part is given back where it
+//! was charged, never the local part to the primary (which never charged
+//! it). The primary is the memory storage, failing while a flag is set.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::middleware::Next;
+use axum::routing::get;
+use http::{Request, StatusCode};
+use tower_rate_tier::clock::{Clock, FakeClock};
+use tower_rate_tier::storage::{
+    Decide, DecisionSource, Fallback, MemoryStorage, Op, Storage, StorageError, StorageErrorKind, StorageKey,
+};
+use tower_rate_tier::{Quota, RateTier, TierIdentity, TierLimitLayer, TierRefusal, TierUsage, tier_cost};
+use tower_rate_tier_tests::reply::send;
+
+/// A primary that fails while `down` is set.
+#[derive(Debug, Clone, Default)]
+struct Flaky {
+    inner: MemoryStorage,
+    down: Arc<AtomicBool>,
+}
+
+impl Storage for Flaky {
+    fn decide(&self, key: StorageKey<'_>, bands: &[Quota], op: Op, clock: &Arc<dyn Clock>) -> Decide {
+        if self.down.load(Ordering::SeqCst) {
+            return Decide::ready(Err(StorageError::new(StorageErrorKind::Unavailable, "down")));
+        }
+        self.inner.decide(key, bands, op, clock)
+    }
+}
+
+/// The primary's switch, the limiter's clock and the fallback.
+#[derive(Clone)]
+struct World {
+    down: Arc<AtomicBool>,
+    clock: FakeClock,
+    storage: Fallback<Flaky>,
+}
+
+fn world() -> World {
+    let flaky = Flaky::default();
+    let down = flaky.down.clone();
+    let storage = Fallback::builder(flaky)
+        .instances(1)
+        .failures_to_switch(1)
+        .probe_interval(Duration::from_millis(1))
+        .build();
+    World {
+        down,
+        clock: FakeClock::new(),
+        storage,
+    }
+}
+
+/// Brings the fallback back to its primary: the primary up, a probe due,
+/// decisions of another user until one comes from the primary.
+async fn back_on_primary(world: &World, tiers: &RateTier, tier: &str) {
+    world.down.store(false, Ordering::SeqCst);
+    world.clock.advance(Duration::from_millis(5));
+    for _ in 0..100 {
+        let source = match tiers.check("someone-else", tier, 1).await.unwrap() {
+            Ok(info) => info.source(),
+            Err(limited) => limited.source(),
+        };
+        if source == DecisionSource::Storage && !world.storage.is_local() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    panic!("never back on the primary");
+}
+
+/// Admitted (1 unit) by the local limiter while the primary is down; the
+/// primary is back before the route's price (5) is settled, so it charges
+/// the top-up of 4; the handler answers 500 and `refund_on` gives the
+/// charge back: the primary gets back its 4, never the local 1.
+#[tokio::test]
+async fn a_topped_up_charge_gives_the_primary_back_only_what_it_charged() {
+    let world = world();
+    let tiers = RateTier::builder()
+        .tier("free", Quota::per_minute(10))
+        .clock(world.clock.clone())
+        .storage(world.storage.clone())
+        .build();
+    let (w, t) = (world.clone(), tiers.clone());
+    let app = Router::new()
+        .route(
+            "/priced",
+            get(|| async { StatusCode::INTERNAL_SERVER_ERROR })
+                .layer(tier_cost(5))
+                .layer(axum::middleware::from_fn(
+                    move |req: Request<Body>, next: Next| {
+                        let (w, t) = (w.clone(), t.clone());
+                        async move {
+                            assert!(w.storage.is_local(), "admitted while the primary is down");
+                            back_on_primary(&w, &t, "free").await;
+                            next.run(req).await
+                        }
+                    },
+                )),
+        )
+        .layer(
+            TierLimitLayer::new(tiers.clone())
+                .identifier_fn(|_| Some(TierIdentity::new("ada", "free")))
+                .refund_on(|status| status.is_server_error()),
+        );
+    // ada spends 5 of her 10 in the primary
+    let spent = tiers.check("ada", "free", 5).await.unwrap().unwrap();
+    assert_eq!(spent.source(), DecisionSource::Storage);
+
+    world.down.store(true, Ordering::SeqCst);
+    let reply = send(&app, Request::get("/priced").body(Body::empty()).unwrap()).await;
+    assert_eq!(reply.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(!world.storage.is_local());
+    // the primary charged 5 + 4 and gave the 4 back: 5 left, not 6
+    assert_eq!(tiers.check("ada", "free", 0).await.unwrap().unwrap().remaining, 5);
+}
+
+/// Two reservations of one request, the first by the local limiter, the
+/// second by the primary once it is back; the handler records what it
+/// used: what goes back is taken from the local reservation first, and the
+/// primary keeps what it charged.
+#[tokio::test]
+async fn mixed_reservations_give_the_primary_back_only_its_part() {
+    let world = world();
+    let tiers = RateTier::builder()
+        .tier("llm", Quota::per_minute(100))
+        .tier_unit("llm", "tokens", Quota::per_minute(1_000))
+        .clock(world.clock.clone())
+        .storage(world.storage.clone())
+        .build();
+    let (w, t) = (world.clone(), tiers.clone());
+    let app = Router::new()
+        .route(
+            "/",
+            get(move |usage: TierUsage| {
+                let (w, t) = (w.clone(), t.clone());
+                async move {
+                    usage.reserve("tokens", 400).await?;
+                    back_on_primary(&w, &t, "llm").await;
+                    usage.reserve("tokens", 500).await?;
+                    usage.record("tokens", 500);
+                    Ok::<_, TierRefusal>("ok")
+                }
+            }),
+        )
+        .layer(TierLimitLayer::new(tiers.clone()).identifier_fn(|_| Some(TierIdentity::new("ada", "llm"))));
+
+    world.down.store(true, Ordering::SeqCst);
+    let reply = send(&app, Request::get("/").body(Body::empty()).unwrap()).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert!(!world.storage.is_local());
+    // the primary charged 500 tokens, all used: 500 left, no more
+    let left = tiers.reserve("ada", "llm", "tokens", 0).await.unwrap().unwrap();
+    let tokens = left
+        .bands()
+        .find(|(q, _)| q.unit().as_str() == "tokens")
+        .unwrap()
+        .1;
+    assert_eq!(tokens.remaining, 500);
+}
