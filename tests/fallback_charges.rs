@@ -12,28 +12,11 @@ use axum::body::Body;
 use axum::middleware::Next;
 use axum::routing::get;
 use http::{Request, StatusCode};
-use tower_rate_tier::clock::{Clock, FakeClock};
-use tower_rate_tier::storage::{
-    Decide, DecisionSource, Fallback, MemoryStorage, Op, Storage, StorageError, StorageErrorKind, StorageKey,
-};
+use tower_rate_tier::clock::FakeClock;
+use tower_rate_tier::storage::{DecisionSource, Fallback};
 use tower_rate_tier::{Quota, RateTier, TierIdentity, TierLimitLayer, TierRefusal, TierUsage, tier_cost};
+use tower_rate_tier_tests::flaky::Flaky;
 use tower_rate_tier_tests::reply::send;
-
-/// A primary that fails while `down` is set.
-#[derive(Debug, Clone, Default)]
-struct Flaky {
-    inner: MemoryStorage,
-    down: Arc<AtomicBool>,
-}
-
-impl Storage for Flaky {
-    fn decide(&self, key: StorageKey<'_>, bands: &[Quota], op: Op, clock: &Arc<dyn Clock>) -> Decide {
-        if self.down.load(Ordering::SeqCst) {
-            return Decide::ready(Err(StorageError::new(StorageErrorKind::Unavailable, "down")));
-        }
-        self.inner.decide(key, bands, op, clock)
-    }
-}
 
 /// The primary's switch, the limiter's clock and the fallback.
 #[derive(Clone)]

@@ -1266,23 +1266,8 @@ fn a_response_future_polled_after_completion_panics_clearly() {
 /// A fallback's switches reach `on_event`, once each way.
 #[tokio::test]
 async fn fallback_switches_are_reported_through_on_event_once_each_way() {
-    use std::sync::atomic::AtomicBool;
     use tower_rate_tier::storage::Fallback;
-
-    /// A storage that fails while `down` is set.
-    #[derive(Debug, Clone, Default)]
-    struct Flaky {
-        inner: MemoryStorage,
-        down: Arc<AtomicBool>,
-    }
-    impl Storage for Flaky {
-        fn decide(&self, key: StorageKey<'_>, bands: &[Quota], op: Op, clock: &Arc<dyn Clock>) -> Decide {
-            if self.down.load(Ordering::SeqCst) {
-                return Decide::ready(Err(StorageError::new(StorageErrorKind::Unavailable, "down")));
-            }
-            self.inner.decide(key, bands, op, clock)
-        }
-    }
+    use tower_rate_tier_tests::flaky::Flaky;
 
     let flaky = Flaky::default();
     let down = flaky.down.clone();

@@ -6,6 +6,7 @@
 pub mod bodies;
 pub mod exactness;
 pub mod fields;
+pub mod flaky;
 pub mod flood;
 pub mod heap;
 pub mod http_load;
