@@ -160,7 +160,8 @@ impl Inner {
 /// restarted, or closed the connection while it was idle: the first command
 /// sent on it after meets a broken pipe). A connection that drops while the
 /// command is in flight may have run it: the one more try can then apply it
-/// twice, as a timed-out call may have applied it once.
+/// twice (a charge, or a refund), as a timed-out call may have applied it
+/// once.
 pub(super) fn retries_once(e: &redis::RedisError) -> bool {
     e.is_connection_refusal() || e.is_connection_dropped()
 }

@@ -210,7 +210,7 @@
 //! reconnect in the background. A decision that meets the refusal it left,
 //! or a connection dropped while idle (Redis restarted; a server `timeout`
 //! or a NAT closed it), tries once more, so the first decision after Redis
-//! is back is served (one whose connection drops in flight may count twice).
+//! is back is served (one whose connection drops in flight may apply twice).
 //! A cluster connection is made by a task of its own (a slow connect is
 //! never cut short by a caller's timeout), again after its runtime ended. A malformed stored value is treated as a fresh state,
 //! never a panic or a permanent deny. On a Cluster, the driver retries a call
