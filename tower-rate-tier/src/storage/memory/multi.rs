@@ -99,40 +99,7 @@ impl Inner {
         };
         {
             if let Some(mut stored) = scope.multi.get_mut(user) {
-                let now = clock.now();
-                // a band fresh again (a refund) is kept expired, for the GC
-                if same_layout(&stored, names) {
-                    let mut tats = [None; MAX_BANDS];
-                    for (tat, &(_, kept)) in tats.iter_mut().zip(stored.iter()) {
-                        *tat = Some(kept);
-                    }
-                    let decision = crate::storage::decide_bands(&mut tats[..n], now, bands, op);
-                    for ((_, kept), tat) in stored.iter_mut().zip(&tats) {
-                        *kept = tat.unwrap_or(now);
-                    }
-                    return Ok(decision);
-                }
-                let mut tats = lookup(&stored, names);
-                // a band of these the entry lacks may still be in the
-                // one-band map (the key's first decisions were of it alone):
-                // its state moves here
-                let single = scope
-                    .single_name()
-                    .and_then(|name| names.iter().position(|n| *n == name))
-                    .filter(|&i| tats[i].is_none())
-                    .and_then(|i| scope.single.get(user).map(|tat| (i, *tat)));
-                if let Some((i, tat)) = single {
-                    tats[i] = Some(tat);
-                }
-                let decision = crate::storage::decide_bands(&mut tats[..n], now, bands, op);
-                store_merged(&mut stored, names, &tats[..n], now);
-                drop(stored);
-                if single.is_some() && scope.single.remove(user).is_some() {
-                    // one key now, where there were two (unless a sweep
-                    // removed and counted it meanwhile)
-                    self.len.fetch_sub(1, Ordering::Relaxed);
-                }
-                return Ok(decision);
+                return Ok(self.decide_in(scope, user, &mut stored, bands, names, op, clock));
             }
             // a key of the one-band map whose band is one of these moves
             // here with its state
@@ -153,13 +120,12 @@ impl Inner {
             }
             let decision = match scope.multi.entry(Box::from(user)) {
                 Entry::Occupied(mut e) => {
+                    // made meanwhile: decided as any entry (which moves the
+                    // one-band map's key itself); the key reserved goes back
                     if single.is_none() {
                         self.len.fetch_sub(1, Ordering::Relaxed);
                     }
-                    let now = clock.now();
-                    let (decision, new) = apply(Some(e.get()), now);
-                    *e.get_mut() = new.unwrap_or_else(|| store(names, &[None; MAX_BANDS][..n], now));
-                    decision
+                    return Ok(self.decide_in(scope, user, e.get_mut(), bands, names, op, clock));
                 }
                 Entry::Vacant(e) => {
                     let now = clock.now();
@@ -175,5 +141,54 @@ impl Inner {
             }
             Ok(decision)
         }
+    }
+
+    /// Carries out `op` on `bands` (named `names`) in the user's entry
+    /// `stored`, locked: by position when it holds exactly these bands,
+    /// else by name. A band the entry lacks may still be in the one-band
+    /// map (the key's first decisions were of it alone): its state moves
+    /// here (that map's lock is only ever taken inside an entry's).
+    #[allow(clippy::too_many_arguments)]
+    fn decide_in(
+        &self,
+        scope: &Scope,
+        user: &str,
+        stored: &mut Tats,
+        bands: &[Quota],
+        names: &[BandName],
+        op: Op,
+        clock: &Arc<dyn Clock>,
+    ) -> Decision {
+        let n = bands.len();
+        let now = clock.now();
+        // a band fresh again (a refund) is kept expired, for the GC
+        if same_layout(stored, names) {
+            let mut tats = [None; MAX_BANDS];
+            for (tat, &(_, kept)) in tats.iter_mut().zip(stored.iter()) {
+                *tat = Some(kept);
+            }
+            let decision = crate::storage::decide_bands(&mut tats[..n], now, bands, op);
+            for ((_, kept), tat) in stored.iter_mut().zip(&tats) {
+                *kept = tat.unwrap_or(now);
+            }
+            return decision;
+        }
+        let mut tats = lookup(stored, names);
+        let single = scope
+            .single_name()
+            .and_then(|name| names.iter().position(|n| *n == name))
+            .filter(|&i| tats[i].is_none())
+            .and_then(|i| scope.single.get(user).map(|tat| (i, *tat)));
+        if let Some((i, tat)) = single {
+            tats[i] = Some(tat);
+        }
+        let decision = crate::storage::decide_bands(&mut tats[..n], now, bands, op);
+        store_merged(stored, names, &tats[..n], now);
+        if single.is_some() && scope.single.remove(user).is_some() {
+            // one key now, where there were two (unless a sweep removed
+            // and counted it meanwhile)
+            self.len.fetch_sub(1, Ordering::Relaxed);
+        }
+        decision
     }
 }

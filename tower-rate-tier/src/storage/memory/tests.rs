@@ -169,3 +169,115 @@ fn two_band_sets_on_one_key_keep_each_others_state() {
     assert_eq!(remaining(&d), [95, 0]);
     assert!(!ready(storage.decide(key("ada"), &contract, Op::Charge(1), &clock)).allowed);
 }
+
+/// A clock moved by hand whose first reading on a thread named `gated`,
+/// once armed, waits until the test releases it: a decision stopped after
+/// it found no entry of several bands, and before it made one.
+#[derive(Debug)]
+struct GateClock {
+    now: std::sync::atomic::AtomicU64,
+    #[allow(clippy::type_complexity)]
+    held: std::sync::Mutex<Option<(std::sync::mpsc::Sender<()>, std::sync::mpsc::Receiver<()>)>>,
+}
+
+impl GateClock {
+    fn new() -> Arc<Self> {
+        Arc::new(GateClock {
+            now: std::sync::atomic::AtomicU64::new(1_700_000_000_000_000_000),
+            held: std::sync::Mutex::default(),
+        })
+    }
+
+    fn advance(&self, by: Duration) {
+        self.now.fetch_add(by.as_nanos() as u64, Ordering::SeqCst);
+    }
+}
+
+impl Clock for GateClock {
+    fn now(&self) -> crate::clock::Nanos {
+        if std::thread::current().name() == Some("gated") {
+            let held = self.held.lock().unwrap().take();
+            if let Some((arrived, release)) = held {
+                arrived.send(()).unwrap();
+                release.recv().unwrap();
+            }
+        }
+        self.now.load(Ordering::SeqCst)
+    }
+}
+
+/// Decides `gated` for `user` on a thread stopped after it found no entry
+/// of several bands; meanwhile decides `other` for the same user here;
+/// then lets the first go on. Its decision.
+fn race(
+    storage: &MemoryStorage,
+    gate: &Arc<GateClock>,
+    user: &str,
+    gated: Vec<Quota>,
+    other: &[Quota],
+) -> Decision {
+    let clock: Arc<dyn Clock> = gate.clone();
+    let (arrived_tx, arrived) = std::sync::mpsc::channel();
+    let (release, release_rx) = std::sync::mpsc::channel();
+    *gate.held.lock().unwrap() = Some((arrived_tx, release_rx));
+    let (s, c, u) = (storage.clone(), clock.clone(), user.to_owned());
+    let thread = std::thread::Builder::new()
+        .name("gated".into())
+        .spawn(move || ready(s.decide(key(&u), &gated, Op::Charge(1), &c)))
+        .unwrap();
+    arrived.recv().unwrap();
+    ready(storage.decide(key(user), other, Op::Charge(1), &clock));
+    release.send(()).unwrap();
+    thread.join().unwrap()
+}
+
+/// Two first decisions of several bands of one user at once, its key in
+/// the one-band map: one key counted once (and none after every key
+/// expired), and a spent band stays spent.
+#[test]
+fn racing_first_decisions_of_several_bands_count_one_key_and_keep_its_state() {
+    let gate = GateClock::new();
+    let clock: Arc<dyn Clock> = gate.clone();
+    let storage = MemoryStorage::builder().max_keys(3).build();
+    let minute = Quota::per_minute(10);
+    let both = vec![minute, Quota::per_day(1_000)];
+    for _ in 0..10 {
+        assert!(ready(storage.decide(key("ada"), &[minute], Op::Charge(1), &clock)).allowed);
+    }
+    let gated = race(&storage, &gate, "ada", both.clone(), &both);
+    assert!(!gated.allowed, "ada's minute is spent: {gated:?}");
+    assert_eq!(storage.len(), 1, "one user, one key");
+    gate.advance(Duration::from_secs(2 * 86_400));
+    storage.sweep();
+    assert_eq!(storage.len(), 0);
+    // an empty storage has room: twice more, then a new key is its own
+    for user in ["u1", "u2"] {
+        ready(storage.decide(key(user), &[minute], Op::Charge(1), &clock));
+        race(&storage, &gate, user, both.clone(), &both);
+        gate.advance(Duration::from_secs(2 * 86_400));
+        storage.sweep();
+    }
+    let fresh = ready(storage.decide(key("zed"), &[minute], Op::Charge(1), &clock));
+    assert_eq!(
+        (storage.len(), fresh.source),
+        (1, crate::storage::DecisionSource::Storage)
+    );
+}
+
+/// A first decision of other bands made while a first decision of several
+/// bands of the same user waits: neither wipes the other's state.
+#[test]
+fn racing_first_decisions_of_other_bands_keep_each_others_state() {
+    let gate = GateClock::new();
+    let clock: Arc<dyn Clock> = gate.clone();
+    let storage = MemoryStorage::new();
+    let (minute, hour) = (Quota::per_minute(10), Quota::per_hour(100));
+    for _ in 0..10 {
+        assert!(ready(storage.decide(key("ada"), &[minute], Op::Charge(1), &clock)).allowed);
+    }
+    // the gated decision is of the hour band alone; the other of both
+    let gated = race(&storage, &gate, "ada", vec![hour], &[minute, hour]);
+    assert!(gated.allowed);
+    let next = ready(storage.decide(key("ada"), &[minute, hour], Op::Charge(1), &clock));
+    assert!(!next.allowed, "ada's minute is spent: {next:?}");
+}
