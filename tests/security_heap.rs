@@ -149,3 +149,89 @@ fn a_kept_contract_builds_nothing_per_request() {
         "{own:.1} allocations per request with a contract, {plain:.1} without"
     );
 }
+
+/// A request body whose data frames come from a channel, ending when the
+/// channel closes.
+struct ChannelBody(tokio::sync::mpsc::Receiver<bytes::Bytes>);
+
+impl http_body::Body for ChannelBody {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+        self.0
+            .poll_recv(cx)
+            .map(|data| data.map(|d| Ok(http_body::Frame::data(d))))
+    }
+}
+
+/// A body read for identification, sent as 65,536 frames of one byte (as
+/// a chunked upload can arrive), holds about its size while it is read,
+/// not a buffer per frame.
+#[test]
+fn a_body_of_one_byte_frames_is_buffered_in_about_its_size() {
+    use tower_rate_tier::{TierIdentifier, async_trait};
+
+    struct FromBody;
+
+    #[async_trait]
+    impl TierIdentifier for FromBody {
+        async fn identify(&self, _: &http::HeaderMap) -> Option<TierIdentity> {
+            None
+        }
+        async fn identify_with_body(&self, _: &http::HeaderMap, body: &bytes::Bytes) -> Option<TierIdentity> {
+            (!body.is_empty()).then(|| TierIdentity::new("ada", "free"))
+        }
+    }
+
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let max = 64 * 1024;
+    let tiers = RateTier::builder()
+        .tier("free", Quota::per_minute(1_000))
+        .clock(FakeClock::new())
+        .build();
+    let app = Router::new()
+        .route(
+            "/",
+            axum::routing::post(|body: bytes::Bytes| async move { body.len().to_string() }),
+        )
+        .layer(
+            TierLimitLayer::new(tiers)
+                .identifier(FromBody)
+                .buffer_body(true)
+                .max_body_size(max),
+        );
+    runtime.block_on(async {
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        let request = Request::post("/").body(Body::new(ChannelBody(rx))).unwrap();
+        let before = heap::live_bytes();
+        let response = tokio::spawn(app.oneshot(request));
+        for _ in 0..max {
+            tx.send(bytes::Bytes::from_static(b"x")).await.unwrap();
+        }
+        // every frame read, the body not ended yet
+        while tx.capacity() < 64 {
+            tokio::task::yield_now().await;
+        }
+        let held = heap::delta(before, heap::live_bytes());
+        drop(tx);
+        let response = response.await.unwrap().unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        let body = http_body_util::BodyExt::collect(response.into_body())
+            .await
+            .unwrap()
+            .to_bytes();
+        assert_eq!(body, max.to_string());
+        assert!(
+            held < 4 * max as i64,
+            "{held} B held while reading a body of {max} B"
+        );
+    });
+}

@@ -69,10 +69,10 @@ use std::fmt;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::{Request, Response, StatusCode};
 use http_body::Body as HttpBody;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
+use http_body_util::BodyExt;
 use tower_layer::Layer;
 use tower_service::Service;
 
@@ -225,15 +225,13 @@ where
                     return Ok(crate::body::refusal(refusal));
                 }
             }
-            let collected =
-                tokio::time::timeout(limits.timeout, Limited::new(body, limits.max).collect()).await;
-            let bytes = match collected {
-                Ok(Ok(collected)) => collected.to_bytes(),
-                Ok(Err(error)) => {
-                    let (status, detail) = if error.downcast_ref::<LengthLimitError>().is_some() {
-                        (StatusCode::PAYLOAD_TOO_LARGE, TOO_LARGE)
-                    } else {
-                        (StatusCode::BAD_REQUEST, "the request body could not be read")
+            let read = tokio::time::timeout(limits.timeout, read_body(body, limits.max)).await;
+            let bytes = match read {
+                Ok(Ok(bytes)) => bytes,
+                Ok(Err(unread)) => {
+                    let (status, detail) = match unread {
+                        Unread::TooLarge => (StatusCode::PAYLOAD_TOO_LARGE, TOO_LARGE),
+                        Unread::Failed => (StatusCode::BAD_REQUEST, "the request body could not be read"),
                     };
                     return Ok(crate::body::refusal(refuse(
                         &config,
@@ -266,6 +264,34 @@ where
             .await
         }))
     }
+}
+
+/// Why a body was not read.
+enum Unread {
+    /// It holds more than the limit.
+    TooLarge,
+    /// Reading it failed.
+    Failed,
+}
+
+/// Reads `body` whole, at most `max` bytes, into one buffer: each data
+/// frame is copied in as it arrives, so a body sent in many small frames
+/// holds its size, not a buffer per frame (nor the transport's buffers they
+/// would share). Trailers are dropped.
+async fn read_body<B: HttpBody>(body: B, max: usize) -> Result<Bytes, Unread> {
+    let mut body = std::pin::pin!(body);
+    let hint = body.size_hint().exact().unwrap_or(0).min(max as u64);
+    let mut out = BytesMut::with_capacity(usize::try_from(hint).unwrap_or(0));
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame.map_err(|_| Unread::Failed)?.into_data() else {
+            continue;
+        };
+        if data.remaining() > max - out.len() {
+            return Err(Unread::TooLarge);
+        }
+        out.put(data);
+    }
+    Ok(out.freeze())
 }
 
 /// The `Content-Length` a request declares, if any.
