@@ -29,6 +29,27 @@ async fn fallback(server: &RedisServer) -> Fallback<RedisStorage> {
         .build()
 }
 
+/// Sends a request to `app` while `server` sleeps, waits until its handler
+/// says it was `entered` (admitted by the local limiter), and wakes the
+/// server. The request, still running.
+async fn admitted_during_a_pause(
+    server: &RedisServer,
+    storage: &Fallback<RedisStorage>,
+    app: &Router,
+    entered: &Semaphore,
+) -> tokio::task::JoinHandle<Result<http::Response<Body>, std::convert::Infallible>> {
+    server.pause(true);
+    let request = tokio::spawn(
+        app.clone()
+            .oneshot(Request::get("/").body(Body::empty()).unwrap()),
+    );
+    let admitted = tokio::time::timeout(Duration::from_secs(10), entered.acquire()).await;
+    assert!(admitted.is_ok(), "the request was not admitted while Redis slept");
+    assert!(storage.is_local());
+    server.pause(false);
+    request
+}
+
 /// Decisions of `tiers` (a user of its own, in `tier`) until one comes
 /// from Redis again, for at most 5 s.
 async fn until_back_on_redis(tiers: &RateTier, tier: &str) {
@@ -86,16 +107,8 @@ async fn a_handler_recording_usage_after_redis_is_back_gives_redis_nothing() {
     // ada spends her day's tokens in Redis
     tiers.record("ada", "llm", "tokens", 1_000).await.unwrap();
 
-    server.pause(true);
-    let request = tokio::spawn(
-        app.clone()
-            .oneshot(Request::get("/").body(Body::empty()).unwrap()),
-    );
     // the request is admitted and reserves while Redis sleeps: locally
-    let admitted = tokio::time::timeout(Duration::from_secs(10), entered.acquire()).await;
-    assert!(admitted.is_ok(), "the request was not admitted while Redis slept");
-    assert!(storage.is_local());
-    server.pause(false);
+    let request = admitted_during_a_pause(&server, &storage, &app, &entered).await;
     until_back_on_redis(&tiers, "llm").await;
     assert!(
         tiers.reserve("ada", "llm", "tokens", 1).await.unwrap().is_err(),
@@ -154,16 +167,8 @@ async fn a_request_refunded_after_redis_is_back_gives_redis_nothing() {
         DecisionSource::Storage
     );
 
-    server.pause(true);
-    let request = tokio::spawn(
-        app.clone()
-            .oneshot(Request::get("/").body(Body::empty()).unwrap()),
-    );
     // the request is admitted while Redis sleeps: locally
-    let admitted = tokio::time::timeout(Duration::from_secs(10), entered.acquire()).await;
-    assert!(admitted.is_ok(), "the request was not admitted while Redis slept");
-    assert!(storage.is_local());
-    server.pause(false);
+    let request = admitted_during_a_pause(&server, &storage, &app, &entered).await;
     until_back_on_redis(&tiers, "free").await;
     assert!(
         tiers.check("ada", "free", 1).await.unwrap().is_err(),
