@@ -1,6 +1,7 @@
 //! What client-chosen input costs the live heap, measured with a counting
 //! allocator: method names the router has no handler for, and user ids of
-//! the longest accepted length in the memory storage.
+//! the longest accepted length in the memory storage, and what a flood of
+//! distinct ids leaves once its keys are swept.
 
 use std::sync::Mutex;
 
@@ -12,6 +13,7 @@ use tower::ServiceExt;
 use tower_rate_tier::clock::FakeClock;
 use tower_rate_tier::tier::MAX_USER_ID_LEN;
 use tower_rate_tier::{Quota, RateTier, TierIdentity, TierLimitLayer, tier_cost};
+use tower_rate_tier_tests::reply::{header_identity, send};
 use tower_rate_tier_tests::{flood, heap};
 
 #[global_allocator]
@@ -234,4 +236,68 @@ fn a_body_of_one_byte_frames_is_buffered_in_about_its_size() {
             "{held} B held while reading a body of {max} B"
         );
     });
+}
+
+/// Floods a tier (with a concurrency limit or without) with distinct ids,
+/// lets every key and lease pass and sweeps: the heap grown at the flood's
+/// peak and the heap still held after the sweep, in bytes.
+fn flood_of_ids(concurrency: bool) -> (i64, i64) {
+    const FLOOD: usize = 20_000;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let clock = FakeClock::new();
+        let storage = tower_rate_tier::storage::MemoryStorage::builder().build();
+        let mut builder = RateTier::builder()
+            .tier("free", Quota::per_minute(10))
+            .storage(storage.clone())
+            .clock(clock.clone());
+        if concurrency {
+            builder = builder.tier_concurrency("free", 2);
+        }
+        let app = Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(TierLimitLayer::new(builder.build()).identifier_fn(header_identity));
+        let request = |user: String| {
+            Request::get("/")
+                .header("x-user", user)
+                .body(Body::empty())
+                .unwrap()
+        };
+        // warm up: the route's learned cost, the storage's tables, its GC
+        for i in 0..100 {
+            assert_eq!(send(&app, request(format!("w{i}"))).await.status, StatusCode::OK);
+        }
+        clock.advance(std::time::Duration::from_secs(3_600));
+        storage.sweep();
+        let before = heap::live_bytes();
+        for i in 0..FLOOD {
+            assert_eq!(
+                send(&app, request(format!("flood-{i:08}"))).await.status,
+                StatusCode::OK
+            );
+        }
+        let peak = heap::delta(before, heap::live_bytes());
+        clock.advance(std::time::Duration::from_secs(3_600));
+        storage.sweep();
+        assert_eq!(storage.len(), 0);
+        (peak, heap::delta(before, heap::live_bytes()))
+    })
+}
+
+#[test]
+fn a_flood_of_ids_gives_its_memory_back_once_swept() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let (peak, held) = flood_of_ids(false);
+    assert!(held < peak / 10, "peak {peak} B, held after the sweep {held} B");
+}
+
+#[test]
+fn a_flood_of_ids_on_a_tier_with_a_concurrency_limit_gives_its_memory_back_once_swept() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let (peak, held) = flood_of_ids(true);
+    // the table of the users' slot sets is shrunk too
+    assert!(held < peak / 10, "peak {peak} B, held after the sweep {held} B");
 }

@@ -16,6 +16,9 @@ use tower_rate_tier::clock::FakeClock;
 use tower_rate_tier::{Quota, RateLimitEvent, RateTier, TierLimitLayer, TierRefusal, TierUsage};
 use tower_rate_tier_tests::reply::{header_identity, send};
 
+#[path = "usage/at_the_cap.rs"]
+mod at_the_cap;
+
 fn tiers(clock: &FakeClock) -> RateTier {
     RateTier::builder()
         .tier("free", Quota::per_minute(10))

@@ -10,7 +10,7 @@ use smallvec::SmallVec;
 
 use super::Source;
 use super::learned::{Learned, RouteKey};
-use super::parts::{Parts, Reserved};
+use super::parts::Parts;
 use crate::body::Refusal;
 use crate::headers::RateLimitHeaders;
 use crate::refusal::Refusals;
@@ -73,12 +73,9 @@ impl Outcome {
 
 #[derive(Debug)]
 pub(crate) struct ChargeState {
-    pub(super) charged: u32,
-    /// Of `charged`, the units a [`Fallback`](crate::storage::Fallback)'s
-    /// local limiter charged: a refund gives them back there (see
-    /// [`TierScope::refund`](crate::storage::TierScope::refund)), never to
-    /// the primary.
-    local: u32,
+    /// The units charged, by who charged them: a refund gives each part
+    /// back where it was charged (see [`Parts`]).
+    pub(super) charged: Parts,
     source: Source,
     outcome: Outcome,
     /// The limiter priced the request from what it learned of the route.
@@ -86,21 +83,21 @@ pub(crate) struct ChargeState {
     /// The strongest route-level declaration seen, whatever came of it.
     declared: Option<(u32, Source)>,
     /// Units reserved and not yet settled, per unit (by its id, unique
-    /// among a tier's units); empty, it allocates nothing.
-    pub(super) reserved: Vec<(u32, Reserved)>,
+    /// among a tier's units), by who reserved them; empty, it allocates
+    /// nothing.
+    pub(super) reserved: Vec<(u32, Parts)>,
 }
 
 impl ChargeState {
     /// `charged` units charged at the limiter, set by `source`; `learned`
     /// when priced from what the limiter learned of the route.
     pub(crate) fn new(charged: u32, source: Source, outcome: Outcome, learned: bool) -> Self {
-        let local = match &outcome {
-            Outcome::Admitted(decision) if decision.source == DecisionSource::Fallback => charged,
-            _ => 0,
+        let decided_by = match &outcome {
+            Outcome::Admitted(decision) => decision.source,
+            _ => DecisionSource::Storage,
         };
         ChargeState {
-            charged,
-            local,
+            charged: Parts::by(charged, decided_by),
             source,
             outcome,
             learned,
@@ -113,25 +110,17 @@ impl ChargeState {
 impl ChargeState {
     /// Adds `units` charged by a decision of `decided_by`.
     fn add(&mut self, units: u32, decided_by: DecisionSource) {
-        self.charged = self.charged.saturating_add(units);
-        if decided_by == DecisionSource::Fallback {
-            self.local = self.local.saturating_add(units);
-        }
+        self.charged.add(Parts::by(units, decided_by));
     }
 
     /// Takes `units` (at most what is charged) off the charge.
     fn take(&mut self, units: u32) -> Parts {
-        let units = units.min(self.charged);
-        let parts = Parts::of(units, self.local);
-        self.charged -= units;
-        self.local -= parts.local;
-        parts
+        self.charged.take(units)
     }
 
     /// Puts back what [`ChargeState::take`] took (a refund that failed).
     fn put_back(&mut self, parts: Parts) {
-        self.charged = self.charged.saturating_add(parts.local + parts.primary);
-        self.local = self.local.saturating_add(parts.local);
+        self.charged.add(parts);
     }
 }
 
@@ -218,10 +207,10 @@ impl Charge {
             .refund_on
             .as_ref()
             .is_some_and(|refund_on| refund_on(response.status()));
-        if refund && state.charged > 0 {
+        if refund && state.charged.total() > 0 {
             // The inner service's answer is one the layer was told to give
             // the charge back for.
-            let charged = state.charged;
+            let charged = state.charged.total();
             if let Outcome::Admitted(decision) = &mut state.outcome {
                 refund_requests(&mut decision.bands, &self.tier, charged);
             }
@@ -273,11 +262,11 @@ impl Charge {
         if source < state.source {
             return None;
         }
-        if state.charged == declared {
+        if state.charged.total() == declared {
             state.source = source;
             return None;
         }
-        Some(state.charged)
+        Some(state.charged.total())
     }
 
     /// Brings the charge from `charged` to `declared`, as declared by
@@ -295,7 +284,7 @@ impl Charge {
             let parts = self.lock().take(excess);
             let mut given = Ok(());
             for (units, decided_by) in parts.each() {
-                let back = tiers.give_back(self.user.id(), &self.tier, units, decided_by);
+                let back = tiers.give_back(self.user.id(), &self.tier, units, Some(decided_by));
                 given = given.and(back.await);
             }
             let mut state = self.lock();
@@ -395,7 +384,7 @@ impl Charge {
         let refund = self
             .ledger
             .tiers
-            .start_refund(self.user.id(), &self.tier, units, decided_by);
+            .start_refund(self.user.id(), &self.tier, units, Some(decided_by));
         let Some(refund) = refund else {
             return;
         };
@@ -426,7 +415,7 @@ impl Charge {
         for (units, decided_by) in parts.each() {
             let tiers = &self.ledger.tiers;
             if let Err(e) = tiers
-                .give_back(self.user.id(), &self.tier, units, decided_by)
+                .give_back(self.user.id(), &self.tier, units, Some(decided_by))
                 .await
             {
                 self.ledger.refusals.refund_failed(&e);
@@ -438,7 +427,7 @@ impl Charge {
     /// `source`.
     fn admitted(&self, charged: u32, source: Source, info: RateLimitInfo) {
         let mut state = self.lock();
-        let more = charged.saturating_sub(state.charged);
+        let more = charged.saturating_sub(state.charged.total());
         state.add(more, info.source());
         state.source = source;
         let mut decision = info.into_decision();

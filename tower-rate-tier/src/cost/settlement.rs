@@ -52,7 +52,7 @@ impl Settlement {
             if let Err(refusal) = charge.settle(charged, declared, source).await {
                 for (earlier, was) in charges.0[..i].iter().zip(&pending) {
                     let Some(earlier) = earlier else { continue };
-                    let now = earlier.lock().charged;
+                    let now = earlier.lock().charged.total();
                     let was = was.unwrap_or(now);
                     if now > was {
                         earlier.give_back(now - was).await;

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::Response;
 
-use super::parts::{Parts, Reserved};
+use super::parts::Parts;
 use super::{Charge, Ledger};
 use crate::meter::{ContentMeter, UsageSink};
 use crate::quota::CONTENT_BYTES;
@@ -51,11 +51,10 @@ impl Charge {
         let refusals = &self.ledger.refusals;
         let shadowed = self.ledger.shadowed(&self.tier);
         let charge = Amount::Charge(n);
-        let decided =
-            match tiers.start_usage(self.user.id(), &self.tier, unit, charge, DecisionSource::Storage) {
-                Ok(decide) => check_result(&self.tier, decide.await),
-                Err(error) => Err(error),
-            };
+        let decided = match tiers.start_usage(self.user.id(), &self.tier, unit, charge, None) {
+            Ok(decide) => check_result(&self.tier, decide.await),
+            Err(error) => Err(error),
+        };
         match decided {
             Ok(Ok(info)) => {
                 self.add_reserved(unit, n, info.source());
@@ -68,7 +67,7 @@ impl Charge {
             Ok(Err(limited)) => {
                 // its fields as they stand once the request's own charge is
                 // given back (the refusal's mark does that on the way out)
-                let charged = self.lock().charged;
+                let charged = self.lock().charged.total();
                 let limited = limited.with_requests_refunded(charged);
                 Err(Refused::consuming_nothing(refusals.limited(
                     self.user.as_str(),
@@ -111,8 +110,8 @@ impl Charge {
     /// back, or what exceeds it charged, into debt if need be. Never waits:
     /// a storage that must is answered in a task of its own.
     pub(crate) fn record(&self, unit: &str, used: u32) {
-        let reserved = self.take_reserved(unit);
-        let amount = settlement(reserved.units, used);
+        let mut reserved = self.take_reserved(unit);
+        let amount = settlement(reserved.total(), used);
         if moves_nothing(amount) {
             // used exactly what was reserved: recorded, nothing to ask
             let refusals = &self.ledger.refusals;
@@ -121,7 +120,7 @@ impl Charge {
         if let Amount::Refund(back) = amount {
             // each part given back where it was reserved; the last one
             // reports the usage
-            let parts = Parts::of(back, reserved.local);
+            let parts = reserved.take(back);
             let last = parts.each().count();
             for (i, (units, decided_by)) in parts.each().enumerate() {
                 let reported = if i + 1 == last { used } else { 0 };
@@ -136,7 +135,7 @@ impl Charge {
     /// `decided_by` reserved) and reports `used` when it is settled.
     fn settle_part(&self, unit: &str, used: u32, amount: Amount, decided_by: DecisionSource) {
         let tiers = &self.ledger.tiers;
-        match tiers.start_usage(self.user.id(), &self.tier, unit, amount, decided_by) {
+        match tiers.start_usage(self.user.id(), &self.tier, unit, amount, Some(decided_by)) {
             Ok(decide) => self.settled(unit, used, decide),
             Err(error) => {
                 self.ledger
@@ -172,21 +171,15 @@ impl Charge {
     /// Gives back `n` units of `unit` this charge reserved (a reservation
     /// another limiter refused).
     pub(crate) fn unreserve(&self, unit: &str, n: u32) {
-        let reserved = self.take_reserved(unit);
-        let parts = Parts::of(n.min(reserved.units), reserved.local);
-        self.put_reserved(
-            unit,
-            Reserved {
-                units: reserved.units - parts.local - parts.primary,
-                local: reserved.local - parts.local,
-            },
-        );
+        let mut reserved = self.take_reserved(unit);
+        let parts = reserved.take(n);
+        self.put_reserved(unit, reserved);
         for (units, decided_by) in parts.each() {
             let refund = Amount::Refund(units);
             if let Ok(decide) =
                 self.ledger
                     .tiers
-                    .start_usage(self.user.id(), &self.tier, unit, refund, decided_by)
+                    .start_usage(self.user.id(), &self.tier, unit, refund, Some(decided_by))
             {
                 self.settled(unit, 0, decide);
             }
@@ -206,17 +199,12 @@ impl Charge {
 
     /// Adds `n` units of `unit` reserved by a decision of `decided_by`.
     fn add_reserved(&self, unit: &str, n: u32, decided_by: DecisionSource) {
-        let local = if decided_by == DecisionSource::Fallback {
-            n
-        } else {
-            0
-        };
-        self.put_reserved(unit, Reserved { units: n, local });
+        self.put_reserved(unit, Parts::by(n, decided_by));
     }
 
     /// Adds `more` to what is reserved of `unit`.
-    fn put_reserved(&self, unit: &str, more: Reserved) {
-        if more.units == 0 {
+    fn put_reserved(&self, unit: &str, more: Parts) {
+        if more.total() == 0 {
             return;
         }
         let Some(unit) = self.tier.unit(unit).map(|u| u.unit.id()) else {
@@ -224,17 +212,14 @@ impl Charge {
         };
         let mut state = self.lock();
         match state.reserved.iter_mut().find(|(u, _)| *u == unit) {
-            Some((_, reserved)) => {
-                reserved.units = reserved.units.saturating_add(more.units);
-                reserved.local = reserved.local.saturating_add(more.local);
-            }
+            Some((_, reserved)) => reserved.add(more),
             None => state.reserved.push((unit, more)),
         }
     }
 
     /// The units of `unit` reserved and not settled yet, now settled.
-    fn take_reserved(&self, unit: &str) -> Reserved {
-        let none = Reserved { units: 0, local: 0 };
+    fn take_reserved(&self, unit: &str) -> Parts {
+        let none = Parts::default();
         let Some(unit) = self.tier.unit(unit).map(|u| u.unit.id()) else {
             return none;
         };

@@ -172,7 +172,8 @@ impl RateTier {
         let Some(user) = UserId::new(user) else {
             return Ok(());
         };
-        self.give_back(user, &entry, cost, DecisionSource::Storage).await
+        // no decision known: where the storage decides now
+        self.give_back(user, &entry, cost, None).await
     }
 
     /// The configured tier names now, in the order they were added.
@@ -301,13 +302,14 @@ impl RateTier {
     }
 
     /// Gives `cost` back to `user` in `tier`, charged by a decision of
-    /// `decided_by` (see [`TierScope::refund`]).
+    /// `decided_by` (see [`TierScope::refund`]), or where the storage
+    /// decides now when no decision is known (`None`).
     pub(crate) async fn give_back(
         &self,
         user: UserId<'_>,
         tier: &TierEntry,
         cost: u32,
-        decided_by: DecisionSource,
+        decided_by: Option<DecisionSource>,
     ) -> Result<(), CheckError> {
         if let Some(refund) = self.start_refund(user, tier, cost, decided_by) {
             refund.await?;
@@ -315,23 +317,35 @@ impl RateTier {
         Ok(())
     }
 
-    /// Starts giving `cost` back to `user` in `tier`, charged by a decision
-    /// of `decided_by`; `None` when there is nothing to give back.
+    /// Starts giving `cost` back to `user` in `tier`, as
+    /// [`RateTier::give_back`]; `None` when there is nothing to give back.
     pub(crate) fn start_refund(
         &self,
         user: UserId<'_>,
         tier: &TierEntry,
         cost: u32,
-        decided_by: DecisionSource,
+        decided_by: Option<DecisionSource>,
     ) -> Option<Decide> {
         if tier.unlimited || cost == 0 {
             return None;
         }
-        let op = tier.refund(cost);
-        Some(
-            tier.scope
-                .refund(user.as_str(), &tier.decided, op, decided_by, &self.inner.clock),
-        )
+        Some(self.refund_op(user, tier, tier.refund(cost), decided_by))
+    }
+
+    /// Gives back what `op` refunds, where a decision of `decided_by`
+    /// charged it, or where the storage decides now (`None`).
+    pub(crate) fn refund_op(
+        &self,
+        user: UserId<'_>,
+        tier: &TierEntry,
+        op: Op,
+        decided_by: Option<DecisionSource>,
+    ) -> Decide {
+        let clock = &self.inner.clock;
+        match decided_by {
+            Some(by) => tier.scope.refund(user.as_str(), &tier.decided, op, by, clock),
+            None => tier.scope.decide(user.as_str(), &tier.decided, op, clock),
+        }
     }
 
     #[inline]

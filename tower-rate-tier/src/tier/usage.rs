@@ -79,7 +79,7 @@ impl RateTier {
         // (a reservation of 0 is a peek of the unit: its state)
         check_result(
             &entry,
-            self.start_usage(user, &entry, unit, Amount::Charge(n), DecisionSource::Storage)?
+            self.start_usage(user, &entry, unit, Amount::Charge(n), None)?
                 .await,
         )
     }
@@ -102,8 +102,8 @@ impl RateTier {
         let user = UserId::new(user).ok_or(CheckError::InvalidUserId)?;
         let amount = settlement(reserved, used);
         if !moves_nothing(amount) {
-            self.start_usage(user, &entry, unit, amount, DecisionSource::Storage)?
-                .await?;
+            // no decision known: given back where the storage decides now
+            self.start_usage(user, &entry, unit, amount, None)?.await?;
         }
         Ok(())
     }
@@ -119,7 +119,8 @@ impl RateTier {
 
     /// Starts doing `amount` to the bands of `unit` of `user` in `tier`; a
     /// refund gives back what a decision of `decided_by` reserved (see
-    /// [`TierScope::refund`](crate::storage::TierScope::refund)).
+    /// [`TierScope::refund`](crate::storage::TierScope::refund)), or where
+    /// the storage decides now when no decision is known (`None`).
     /// A charge above the unit's smallest burst could never fit, and an
     /// unknown unit is refused. (An amount that moves nothing is its
     /// callers' to skip: see [`moves_nothing`].)
@@ -129,16 +130,13 @@ impl RateTier {
         tier: &TierEntry,
         unit: &str,
         amount: Amount,
-        decided_by: DecisionSource,
+        decided_by: Option<DecisionSource>,
     ) -> Result<Decide, CheckError> {
         let bands = unit_bands(tier, unit)?;
         if let Amount::Refund(_) = amount {
             // given back where the reservation was decided
             let op = tier.on_unit(bands, amount);
-            let clock = &self.inner.clock;
-            return Ok(tier
-                .scope
-                .refund(user.as_str(), &tier.decided, op, decided_by, clock));
+            return Ok(self.refund_op(user, tier, op, decided_by));
         }
         self.start_on(user, tier, bands, amount)
     }

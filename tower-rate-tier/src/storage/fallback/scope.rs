@@ -67,7 +67,7 @@ impl TierScope for FallbackScope {
     /// key's domain answers locally (into the spell of now), and nowhere once
     /// the primary answers again: the primary never charged it, and the
     /// local state is never merged into the primary's. Any other refund is
-    /// decided as any operation.
+    /// decided as any operation, the primary told who charged it.
     fn refund(
         &self,
         user: &str,
@@ -77,7 +77,15 @@ impl TierScope for FallbackScope {
         clock: &Arc<dyn Clock>,
     ) -> Decide {
         if decided_by != DecisionSource::Fallback {
-            return self.decide(user, bands, op, clock);
+            let call = Call {
+                user,
+                bands,
+                op,
+                clock,
+            };
+            return self.shared.decide(self.at(), self.local(), call, |op| {
+                self.primary.refund(user, bands, op, decided_by, clock)
+            });
         }
         let Some(epoch) = self.shared.local_epoch(self.shared.domain(self.at(), user)) else {
             let nothing = Decision::new(true, clock.now(), BandStates::new());

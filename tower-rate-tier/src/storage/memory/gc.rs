@@ -48,14 +48,21 @@ impl Inner {
     /// tier's overflow bucket though it keeps nothing of a fresh state: the
     /// storage is full (so the identity's state is the bucket's), and `op`
     /// requires a unit (the answer must see the bucket's debt: a tier whose
-    /// only bands are a unit's admits by that alone) or gives units back (a
-    /// reservation settled below its estimate gives the difference back
-    /// there). A peek answers from a fresh state.
+    /// only bands are a unit's admits by that alone) or gives units back
+    /// without saying who charged them (a program's settlement of a
+    /// reservation: the bucket's, most likely; a refund that says goes
+    /// where it says, see `MemoryScope::refund`). A peek answers from a
+    /// fresh state.
     pub(super) fn keyless_in_overflow(&self, op: crate::storage::Op) -> bool {
         use crate::storage::Amount;
         let reads = (0..crate::storage::MAX_BANDS)
             .any(|i| matches!(op.band(i).0, Amount::Require | Amount::Refund(1..)));
-        reads && self.len.load(Ordering::Relaxed) >= self.max_keys
+        reads && self.is_full()
+    }
+
+    /// Whether the storage holds `max_keys` keys.
+    pub(super) fn is_full(&self) -> bool {
+        self.len.load(Ordering::Relaxed) >= self.max_keys
     }
 
     /// Takes one slot under the key cap, reclaiming expired keys first when
@@ -108,6 +115,8 @@ impl Inner {
             if slots {
                 let sets = super::slots::sweep(&scope.slots, now);
                 self.slot_sets.fetch_sub(sets, Ordering::Relaxed);
+                // (not inline: the deciding thread may hold a set's shard)
+                shrink_if_sparse(&scope.slots);
             }
             // Give memory back after a flood has gone: tables mostly empty
             // are shrunk.

@@ -1,0 +1,199 @@
+//! Reservations across the memory storage's key cap: what a reservation
+//! did not use goes back where it was reserved, the tier's overflow bucket
+//! (shared by the identities the storage had no room for) or the user's
+//! own key, whichever holds the user's state when it is settled.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::routing::get;
+use http::{Request, StatusCode};
+use tower_rate_tier::clock::FakeClock;
+use tower_rate_tier::storage::MemoryStorage;
+use tower_rate_tier::{Quota, RateLimitEvent, RateTier, TierLimitLayer, TierRefusal, TierUsage};
+use tower_rate_tier_tests::reply::{header_identity, send};
+
+/// Reservations kept open by `/hold`, settled by the test (as a streamed
+/// answer settles its reservation when it ends).
+type Held = Arc<Mutex<Vec<TierUsage>>>;
+
+/// The `n=` of a query.
+fn n(uri: &http::Uri) -> u32 {
+    let query = uri.query().unwrap_or("");
+    query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("n="))
+        .and_then(|n| n.parse().ok())
+        .expect("a query n=N")
+}
+
+/// Reserves N tokens and keeps the handle.
+async fn hold(
+    State(held): State<Held>,
+    usage: TierUsage,
+    uri: http::Uri,
+) -> Result<&'static str, TierRefusal> {
+    usage.reserve("tokens", n(&uri)).await?;
+    held.lock().unwrap().push(usage);
+    Ok("held")
+}
+
+/// Reserves and records N tokens.
+async fn spend(usage: TierUsage, uri: http::Uri) -> Result<&'static str, TierRefusal> {
+    usage.reserve("tokens", n(&uri)).await?;
+    usage.record("tokens", n(&uri));
+    Ok("spent")
+}
+
+/// Reserves 1 token and records N (beyond the reservation: into debt).
+async fn over(usage: TierUsage, uri: http::Uri) -> Result<&'static str, TierRefusal> {
+    usage.reserve("tokens", 1).await?;
+    usage.record("tokens", n(&uri));
+    Ok("over")
+}
+
+/// A storage of one key, a tier of 100 requests and 1,000 tokens a minute,
+/// and an app whose handlers reserve tokens; the count of forgiven usage.
+fn setup() -> (FakeClock, MemoryStorage, Router, Held, Arc<AtomicU64>) {
+    let clock = FakeClock::new();
+    let storage = MemoryStorage::builder().max_keys(1).build();
+    let tiers = RateTier::builder()
+        .tier("free", Quota::per_minute(100))
+        .tier_unit("free", "tokens", Quota::per_minute(1_000))
+        .storage(storage.clone())
+        .clock(clock.clone())
+        .build();
+    let held = Held::default();
+    let forgiven = Arc::new(AtomicU64::new(0));
+    let counted = forgiven.clone();
+    let layer = TierLimitLayer::new(tiers)
+        .identifier_fn(header_identity)
+        .on_event(move |event| {
+            if let RateLimitEvent::UsageForgiven { .. } = event {
+                counted.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+    let app = Router::new()
+        .route("/hold", get(hold))
+        .route("/spend", get(spend))
+        .route("/over", get(over))
+        .with_state(held.clone())
+        .layer(layer);
+    (clock, storage, app, held, forgiven)
+}
+
+fn get_as(user: &str, uri: &str) -> Request<Body> {
+    Request::get(uri)
+        .header("x-user", user)
+        .body(Body::empty())
+        .unwrap()
+}
+
+/// Settles the oldest reservation kept open at `used` tokens.
+fn settle_held(held: &Held, used: u32) {
+    let usage = held.lock().unwrap().remove(0);
+    usage.record("tokens", used);
+}
+
+#[tokio::test]
+async fn an_overflow_reservation_is_not_given_back_to_the_users_own_key() {
+    let (clock, storage, app, held, _) = setup();
+    assert_eq!(
+        send(&app, get_as("filler", "/spend?n=1")).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(storage.len(), 1, "the storage is full");
+    // x has no key: its 1,000 tokens are reserved in the overflow bucket
+    assert_eq!(
+        send(&app, get_as("x", "/hold?n=1000")).await.status,
+        StatusCode::OK
+    );
+    // the filler's key expires and is swept: room for x, which spends its
+    // own key's whole burst
+    clock.advance(Duration::from_secs(1));
+    storage.sweep();
+    assert_eq!(
+        send(&app, get_as("x", "/spend?n=1000")).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(storage.len(), 1, "x has a key of its own");
+    assert_eq!(
+        send(&app, get_as("x", "/spend?n=1000")).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // the answer that reserved in the overflow bucket ends having used none
+    settle_held(&held, 0);
+    assert_eq!(
+        send(&app, get_as("x", "/spend?n=1000")).await.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "the overflow bucket's reservation was given back to x's own key"
+    );
+}
+
+#[tokio::test]
+async fn an_own_keys_reservation_is_not_given_back_to_the_overflow_bucket() {
+    let (clock, storage, app, held, _) = setup();
+    // x reserves 1,000 in its own key, and answers for over a minute: its
+    // key expires and is swept meanwhile
+    assert_eq!(
+        send(&app, get_as("x", "/hold?n=1000")).await.status,
+        StatusCode::OK
+    );
+    clock.advance(Duration::from_secs(61));
+    storage.sweep();
+    assert_eq!(storage.len(), 0);
+    // a flood fills the storage and spends the shared bucket's tokens
+    assert_eq!(
+        send(&app, get_as("filler", "/spend?n=1")).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(&app, get_as("m1", "/spend?n=999")).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(&app, get_as("m2", "/spend?n=999")).await.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "the shared bucket is spent"
+    );
+    // x's answer ends having used nothing
+    settle_held(&held, 0);
+    assert_eq!(
+        send(&app, get_as("m3", "/spend?n=999")).await.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "x's own key's reservation was given to the flood's overflow bucket"
+    );
+}
+
+#[tokio::test]
+async fn usage_across_the_cap_stays_within_a_burst_and_one_burst_of_debt() {
+    let (clock, storage, app, held, forgiven) = setup();
+    assert_eq!(
+        send(&app, get_as("filler", "/spend?n=1")).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(&app, get_as("x", "/hold?n=1000")).await.status,
+        StatusCode::OK
+    );
+    clock.advance(Duration::from_secs(1));
+    storage.sweep();
+    // from here on no time passes: x's own key may take its burst (1,000),
+    // a second's refill (16) and one burst of debt (1,000)
+    let mut used = 0;
+    if send(&app, get_as("x", "/spend?n=1000")).await.status == StatusCode::OK {
+        used += 1_000;
+    }
+    settle_held(&held, 0);
+    for (uri, n) in [("/spend?n=999", 999), ("/over?n=1001", 1_001)] {
+        if send(&app, get_as("x", uri)).await.status == StatusCode::OK {
+            used += n;
+        }
+    }
+    assert_eq!(forgiven.load(Ordering::Relaxed), 0);
+    assert!(used <= 2_017, "x took {used} tokens recorded within one second");
+}
