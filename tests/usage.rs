@@ -820,3 +820,31 @@ async fn a_refused_requests_content_bytes_reservation_comes_back() {
     assert_eq!(left(&tiers, "ada", "content-bytes").await, 70);
     assert_eq!(left(&tiers, "ada", "tokens").await, 200);
 }
+
+/// A reservation above a unit's burst is answered 403 by the limiter (its
+/// request stays counted, so that asking for too much is never free); the
+/// 403's body is the limiter's content and counts nothing as
+/// `content-bytes`, and the bytes the handler reserved come back.
+#[tokio::test]
+async fn the_limiters_403_for_a_reservation_above_the_burst_counts_no_content_bytes() {
+    let clock = FakeClock::new();
+    let tiers = tiers(&clock);
+    let app = Router::new()
+        .route(
+            "/complete",
+            get(|usage: TierUsage| async move {
+                usage.reserve("content-bytes", 30).await?;
+                // above the burst of 1,000
+                usage.reserve("tokens", 1_001).await?;
+                Ok::<_, TierRefusal>("never")
+            }),
+        )
+        .layer(TierLimitLayer::new(tiers.clone()).identifier_fn(header_identity));
+    let refused = send(&app, get_as("ada", "/complete")).await;
+    assert_eq!(refused.status, StatusCode::FORBIDDEN);
+    assert!(!refused.body.is_empty(), "a problem body");
+    assert_eq!(left(&tiers, "ada", "content-bytes").await, 100);
+    // the request itself was counted
+    let requests = tiers.check("ada", "free", 0).await.unwrap().unwrap();
+    assert_eq!(requests.remaining, 9);
+}

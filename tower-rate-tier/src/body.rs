@@ -137,6 +137,13 @@ struct Held {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Refusal;
 
+/// Marks, in its extensions, a response whose content the limiter wrote
+/// though its request stays counted (the 403 of a reservation no quota of
+/// its unit can hold): like a [`Refusal`]'s, its content is not counted as
+/// `content-bytes`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LimiterContent;
+
 /// A refusal of the limiter as the response of the service it wraps.
 pub(crate) fn refusal<B>(response: Response<Bytes>) -> Response<ResponseBody<B>> {
     let mut response = response.map(ResponseBody::refusal);

@@ -132,8 +132,10 @@ impl TierUsage {
 impl From<Refused> for TierRefusal {
     fn from(refused: Refused) -> Self {
         if refused.counted {
-            // the request counts: no refusal mark, but no cache may keep it
+            // the request counts: no refusal mark, but no cache may keep it,
+            // and its content is the limiter's
             let mut response = refused.response;
+            response.extensions_mut().insert(crate::body::LimiterContent);
             response
                 .headers_mut()
                 .entry(http::header::CACHE_CONTROL)

@@ -72,7 +72,11 @@ pub(crate) fn finish<B>(
 ) -> Response<ResponseBody<B>> {
     let meter = charge.and_then(|charge| {
         charge.finish(&mut response);
-        if response.extensions().get::<crate::body::Refusal>().is_some() {
+        let extensions = response.extensions();
+        if extensions.get::<crate::body::Refusal>().is_some()
+            || extensions.get::<crate::body::LimiterContent>().is_some()
+        {
+            // the limiter's own content counts nothing
             charge.refused_content();
             return None;
         }
