@@ -66,11 +66,7 @@ async fn back_on_primary(world: &World, tiers: &RateTier, tier: &str) {
 #[tokio::test]
 async fn a_topped_up_charge_gives_the_primary_back_only_what_it_charged() {
     let world = world();
-    let tiers = RateTier::builder()
-        .tier("free", Quota::per_minute(10))
-        .clock(world.clock.clone())
-        .storage(world.storage.clone())
-        .build();
+    let tiers = free(&world);
     let (w, t) = (world.clone(), tiers.clone());
     let app = Router::new()
         .route(
@@ -112,12 +108,7 @@ async fn a_topped_up_charge_gives_the_primary_back_only_what_it_charged() {
 #[tokio::test]
 async fn mixed_reservations_give_the_primary_back_only_its_part() {
     let world = world();
-    let tiers = RateTier::builder()
-        .tier("llm", Quota::per_minute(100))
-        .tier_unit("llm", "tokens", Quota::per_minute(1_000))
-        .clock(world.clock.clone())
-        .storage(world.storage.clone())
-        .build();
+    let tiers = llm(&world);
     let (w, t) = (world.clone(), tiers.clone());
     let app = Router::new()
         .route(
@@ -140,11 +131,80 @@ async fn mixed_reservations_give_the_primary_back_only_its_part() {
     assert_eq!(reply.status, StatusCode::OK);
     assert!(!world.storage.is_local());
     // the primary charged 500 tokens, all used: 500 left, no more
-    let left = tiers.reserve("ada", "llm", "tokens", 0).await.unwrap().unwrap();
-    let tokens = left
-        .bands()
-        .find(|(q, _)| q.unit().as_str() == "tokens")
-        .unwrap()
-        .1;
-    assert_eq!(tokens.remaining, 500);
+    assert_eq!(tokens_left(&tiers, "ada").await, 500);
+}
+
+/// A tier `free` of 10 requests a minute in the world's fallback.
+fn free(world: &World) -> RateTier {
+    RateTier::builder()
+        .tier("free", Quota::per_minute(10))
+        .clock(world.clock.clone())
+        .storage(world.storage.clone())
+        .build()
+}
+
+/// A tier `llm` of 100 requests and 1,000 tokens a minute in the world's
+/// fallback.
+fn llm(world: &World) -> RateTier {
+    RateTier::builder()
+        .tier("llm", Quota::per_minute(100))
+        .tier_unit("llm", "tokens", Quota::per_minute(1_000))
+        .clock(world.clock.clone())
+        .storage(world.storage.clone())
+        .build()
+}
+
+/// The tokens `user` of the tier `llm` has left now.
+async fn tokens_left(tiers: &RateTier, user: &str) -> u32 {
+    let state = tiers.reserve(user, "llm", "tokens", 0).await.unwrap().unwrap();
+    let tokens = state.bands().find(|(q, _)| q.unit().as_str() == "tokens");
+    tokens.expect("the tier counts tokens").1.remaining
+}
+
+/// A program's check charged by the local limiter while the primary was
+/// down, refunded once the primary is back: `refund_decided` with the
+/// check's source gives the primary nothing (it never charged it), where
+/// `refund`, which knows no decision, gives back where the fallback decides
+/// now.
+#[tokio::test]
+async fn a_programs_refund_of_a_local_charge_gives_the_primary_nothing() {
+    let world = world();
+    let tiers = free(&world);
+    // ada spends 3 of her 10 in the primary
+    let spent = tiers.check("ada", "free", 3).await.unwrap().unwrap();
+    assert_eq!(spent.source(), DecisionSource::Storage);
+    world.down.store(true, Ordering::SeqCst);
+    let local = tiers.check("ada", "free", 1).await.unwrap().unwrap();
+    assert_eq!(local.source(), DecisionSource::Fallback);
+    back_on_primary(&world, &tiers, "free").await;
+    let left = || async { tiers.check("ada", "free", 0).await.unwrap().unwrap() };
+    assert_eq!(left().await.remaining, 7);
+    tiers
+        .refund_decided("ada", "free", 1, local.source())
+        .await
+        .unwrap();
+    assert_eq!(left().await.remaining, 7, "the primary never charged it");
+    tiers.refund("ada", "free", 1).await.unwrap();
+    assert_eq!(left().await.remaining, 8, "no decision known: to the primary");
+}
+
+/// The same for a reservation settled by a program: `settle_decided` gives
+/// the unused part of a local reservation to nobody once the primary is
+/// back.
+#[tokio::test]
+async fn a_programs_settlement_of_a_local_reservation_gives_the_primary_nothing() {
+    let world = world();
+    let tiers = llm(&world);
+    let tokens_left = || tokens_left(&tiers, "ada");
+    tiers.record("ada", "llm", "tokens", 600).await.unwrap();
+    world.down.store(true, Ordering::SeqCst);
+    let reserved = tiers.reserve("ada", "llm", "tokens", 300).await.unwrap().unwrap();
+    assert_eq!(reserved.source(), DecisionSource::Fallback);
+    back_on_primary(&world, &tiers, "llm").await;
+    assert_eq!(tokens_left().await, 400);
+    tiers
+        .settle_decided("ada", "llm", "tokens", 300, 0, reserved.source())
+        .await
+        .unwrap();
+    assert_eq!(tokens_left().await, 400, "the primary never charged it");
 }

@@ -56,9 +56,9 @@ async fn over(usage: TierUsage, uri: http::Uri) -> Result<&'static str, TierRefu
     Ok("over")
 }
 
-/// A storage of one key, a tier of 100 requests and 1,000 tokens a minute,
-/// and an app whose handlers reserve tokens; the count of forgiven usage.
-fn setup() -> (FakeClock, MemoryStorage, Router, Held, Arc<AtomicU64>) {
+/// A tier of 100 requests and 1,000 tokens a minute in a storage of one
+/// key.
+fn tiers() -> (FakeClock, MemoryStorage, RateTier) {
     let clock = FakeClock::new();
     let storage = MemoryStorage::builder().max_keys(1).build();
     let tiers = RateTier::builder()
@@ -67,6 +67,13 @@ fn setup() -> (FakeClock, MemoryStorage, Router, Held, Arc<AtomicU64>) {
         .storage(storage.clone())
         .clock(clock.clone())
         .build();
+    (clock, storage, tiers)
+}
+
+/// [`tiers`] and an app whose handlers reserve tokens; the count of
+/// forgiven usage.
+fn setup() -> (FakeClock, MemoryStorage, Router, Held, Arc<AtomicU64>) {
+    let (clock, storage, tiers) = tiers();
     let held = Held::default();
     let forgiven = Arc::new(AtomicU64::new(0));
     let counted = forgiven.clone();
@@ -196,4 +203,32 @@ async fn usage_across_the_cap_stays_within_a_burst_and_one_burst_of_debt() {
     }
     assert_eq!(forgiven.load(Ordering::Relaxed), 0);
     assert!(used <= 2_017, "x took {used} tokens recorded within one second");
+}
+
+/// A program's reservation decided in the overflow bucket (the storage was
+/// full) and settled with `settle_decided` after the user got a key of its
+/// own: the unused part goes back to the bucket, never to the key.
+#[tokio::test]
+async fn a_programs_overflow_reservation_is_settled_in_the_overflow_bucket() {
+    let (clock, storage, tiers) = tiers();
+    tiers.record("filler", "free", "tokens", 1).await.unwrap();
+    let reserved = tiers
+        .reserve("x", "free", "tokens", 1_000)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        reserved.source(),
+        tower_rate_tier::storage::DecisionSource::Overflow
+    );
+    clock.advance(Duration::from_secs(1));
+    storage.sweep();
+    tiers.record("x", "free", "tokens", 1_000).await.unwrap();
+    assert_eq!(storage.len(), 1, "x has a key of its own");
+    tiers
+        .settle_decided("x", "free", "tokens", 1_000, 0, reserved.source())
+        .await
+        .unwrap();
+    let left = super::left(&tiers, "x", "tokens").await;
+    assert!(left < 100, "x's own key got {left} back");
 }

@@ -51,6 +51,7 @@ mod builder;
 mod live;
 mod name;
 mod outcome;
+mod refunds;
 mod table;
 mod units;
 mod usage;
@@ -157,23 +158,6 @@ impl RateTier {
             Begun::Unlimited => self.unlimited(entry),
             Begun::Failed(error) => Err(error),
         }
-    }
-
-    /// Gives `cost` back to `user` in `tier` (never below a fresh state).
-    /// Through a [`Fallback`](crate::storage::Fallback), where it decides
-    /// now: after an outage, to the primary, even for what its local
-    /// limiter charged. (The layer gives a request's charge back where it
-    /// was decided.)
-    pub async fn refund(&self, user: &str, tier: &str, cost: u32) -> Result<(), CheckError> {
-        let entry = self
-            .resolve(tier)
-            .ok_or_else(|| CheckError::UnknownTier(tier.to_owned()))?;
-        // a user id the limiter never counts has nothing to give back
-        let Some(user) = UserId::new(user) else {
-            return Ok(());
-        };
-        // no decision known: where the storage decides now
-        self.give_back(user, &entry, cost, None).await
     }
 
     /// The configured tier names now, in the order they were added.

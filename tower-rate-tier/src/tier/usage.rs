@@ -86,10 +86,10 @@ impl RateTier {
 
     /// Settles a reservation of `reserved` units of `unit` once `used` is
     /// known: gives back the unused part, or charges what exceeds it as
-    /// [`RateTier::record`] does. The unused part goes back where a
-    /// [`Fallback`](crate::storage::Fallback) decides now, as
-    /// [`RateTier::refund`] does (the layer's [`TierUsage`](crate::TierUsage)
-    /// gives it back where the reservation was decided).
+    /// [`RateTier::record`] does. The unused part goes back where the
+    /// storage decides now, as [`RateTier::refund`] does;
+    /// [`RateTier::settle_decided`] gives it back where the reservation was
+    /// decided, as the layer's [`TierUsage`](crate::TierUsage) does.
     pub async fn settle(
         &self,
         user: &str,
@@ -98,12 +98,40 @@ impl RateTier {
         reserved: u32,
         used: u32,
     ) -> Result<(), CheckError> {
+        self.settle_where(user, tier, unit, reserved, used, None).await
+    }
+
+    /// [`RateTier::settle`], giving the unused part back where the
+    /// reservation was decided: `decided_by` is the
+    /// [`source`](crate::RateLimitInfo::source) of what
+    /// [`RateTier::reserve`] answered (see [`RateTier::refund_decided`]).
+    pub async fn settle_decided(
+        &self,
+        user: &str,
+        tier: &str,
+        unit: &str,
+        reserved: u32,
+        used: u32,
+        decided_by: DecisionSource,
+    ) -> Result<(), CheckError> {
+        self.settle_where(user, tier, unit, reserved, used, Some(decided_by))
+            .await
+    }
+
+    async fn settle_where(
+        &self,
+        user: &str,
+        tier: &str,
+        unit: &str,
+        reserved: u32,
+        used: u32,
+        decided_by: Option<DecisionSource>,
+    ) -> Result<(), CheckError> {
         let entry = self.unit_tier(tier, unit)?;
         let user = UserId::new(user).ok_or(CheckError::InvalidUserId)?;
         let amount = settlement(reserved, used);
         if !moves_nothing(amount) {
-            // no decision known: given back where the storage decides now
-            self.start_usage(user, &entry, unit, amount, None)?.await?;
+            self.start_usage(user, &entry, unit, amount, decided_by)?.await?;
         }
         Ok(())
     }
