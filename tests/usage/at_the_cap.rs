@@ -60,14 +60,20 @@ async fn over(usage: TierUsage, uri: http::Uri) -> Result<&'static str, TierRefu
 /// key.
 fn tiers() -> (FakeClock, MemoryStorage, RateTier) {
     let clock = FakeClock::new();
+    let (storage, tiers) = tiers_on(clock.clone());
+    (clock, storage, tiers)
+}
+
+/// [`tiers`], reading `clock`.
+fn tiers_on(clock: impl tower_rate_tier::clock::Clock) -> (MemoryStorage, RateTier) {
     let storage = MemoryStorage::builder().max_keys(1).build();
     let tiers = RateTier::builder()
         .tier("free", Quota::per_minute(100))
         .tier_unit("free", "tokens", Quota::per_minute(1_000))
         .storage(storage.clone())
-        .clock(clock.clone())
+        .clock(clock)
         .build();
-    (clock, storage, tiers)
+    (storage, tiers)
 }
 
 /// [`tiers`] and an app whose handlers reserve tokens; the count of
@@ -104,6 +110,25 @@ fn get_as(user: &str, uri: &str) -> Request<Body> {
 fn settle_held(held: &Held, used: u32) {
     let usage = held.lock().unwrap().remove(0);
     usage.record("tokens", used);
+}
+
+/// x reserves 1,000 tokens in its own key and answers for over a minute
+/// (its key expires and is swept meanwhile); then a flood fills the
+/// storage and spends the shared bucket's tokens.
+async fn outlive_then_flood(app: &Router, time: &FakeClock, storage: &MemoryStorage) {
+    let status =
+        |user: &'static str, uri: &'static str| async move { send(app, get_as(user, uri)).await.status };
+    assert_eq!(status("x", "/hold?n=1000").await, StatusCode::OK);
+    time.advance(Duration::from_secs(61));
+    storage.sweep();
+    assert_eq!(storage.len(), 0);
+    assert_eq!(status("filler", "/spend?n=1").await, StatusCode::OK);
+    assert_eq!(status("m1", "/spend?n=1000").await, StatusCode::OK);
+    assert_eq!(
+        status("m2", "/spend?n=999").await,
+        StatusCode::TOO_MANY_REQUESTS,
+        "the shared bucket is spent"
+    );
 }
 
 #[tokio::test]
@@ -144,29 +169,7 @@ async fn an_overflow_reservation_is_not_given_back_to_the_users_own_key() {
 #[tokio::test]
 async fn an_own_keys_reservation_is_not_given_back_to_the_overflow_bucket() {
     let (clock, storage, app, held, _) = setup();
-    // x reserves 1,000 in its own key, and answers for over a minute: its
-    // key expires and is swept meanwhile
-    assert_eq!(
-        send(&app, get_as("x", "/hold?n=1000")).await.status,
-        StatusCode::OK
-    );
-    clock.advance(Duration::from_secs(61));
-    storage.sweep();
-    assert_eq!(storage.len(), 0);
-    // a flood fills the storage and spends the shared bucket's tokens
-    assert_eq!(
-        send(&app, get_as("filler", "/spend?n=1")).await.status,
-        StatusCode::OK
-    );
-    assert_eq!(
-        send(&app, get_as("m1", "/spend?n=999")).await.status,
-        StatusCode::OK
-    );
-    assert_eq!(
-        send(&app, get_as("m2", "/spend?n=999")).await.status,
-        StatusCode::TOO_MANY_REQUESTS,
-        "the shared bucket is spent"
-    );
+    outlive_then_flood(&app, &clock, &storage).await;
     // x's answer ends having used nothing
     settle_held(&held, 0);
     assert_eq!(
@@ -231,4 +234,79 @@ async fn a_programs_overflow_reservation_is_settled_in_the_overflow_bucket() {
         .unwrap();
     let left = super::left(&tiers, "x", "tokens").await;
     assert!(left < 100, "x's own key got {left} back");
+}
+
+/// What another thread does between two steps of a decision.
+type Hook = Box<dyn FnOnce() + Send>;
+
+/// A clock that, once armed, runs a hook on its next reading: another
+/// thread acting between two steps of a decision.
+#[derive(Clone)]
+struct HookClock {
+    time: FakeClock,
+    hook: Arc<Mutex<Option<Hook>>>,
+}
+
+impl std::fmt::Debug for HookClock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HookClock")
+    }
+}
+
+impl tower_rate_tier::clock::Clock for HookClock {
+    fn now(&self) -> u64 {
+        let hook = self.hook.lock().unwrap().take();
+        if let Some(hook) = hook {
+            hook();
+        }
+        tower_rate_tier::clock::Clock::now(&self.time)
+    }
+}
+
+/// x's own key's reservation outlives the key; when it is settled the
+/// storage has room, and another identity takes the last key while the
+/// refund decides: what x's key charged still goes nowhere, never to the
+/// flood's overflow bucket.
+#[tokio::test]
+async fn an_own_keys_refund_racing_the_last_key_stays_out_of_the_overflow_bucket() {
+    use tower_rate_tier::storage::{Op, Storage, StorageKey};
+    let time = FakeClock::new();
+    let clock = HookClock {
+        time: time.clone(),
+        hook: Arc::default(),
+    };
+    let (storage, tiers) = tiers_on(clock.clone());
+    let held = Held::default();
+    let app = Router::new()
+        .route("/hold", get(hold))
+        .route("/spend", get(spend))
+        .with_state(held.clone())
+        .layer(TierLimitLayer::new(tiers).identifier_fn(header_identity));
+    outlive_then_flood(&app, &time, &storage).await;
+    // the filler's key expires and is swept: room for one key
+    time.advance(Duration::from_secs(1));
+    storage.sweep();
+    assert_eq!(storage.len(), 0);
+    // another identity takes the last key while x's settlement decides
+    let (filling, fake) = (storage.clone(), time.clone());
+    *clock.hook.lock().unwrap() = Some(Box::new(move || {
+        let by: Arc<dyn tower_rate_tier::clock::Clock> = Arc::new(fake);
+        let key = StorageKey {
+            namespace: "",
+            tier: "other",
+            user: "newcomer",
+        };
+        let decided = filling
+            .decide(key, &[Quota::per_minute(10)], Op::Charge(1), &by)
+            .into_ready();
+        assert!(matches!(decided, Ok(Ok(_))));
+    }));
+    settle_held(&held, 0);
+    assert!(clock.hook.lock().unwrap().is_none(), "the hook ran");
+    assert_eq!(storage.len(), 1, "full again");
+    assert_eq!(
+        send(&app, get_as("m3", "/spend?n=999")).await.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "x's own key's reservation was given to the flood's overflow bucket"
+    );
 }

@@ -49,14 +49,15 @@ impl Inner {
     /// storage is full (so the identity's state is the bucket's), and `op`
     /// requires a unit (the answer must see the bucket's debt: a tier whose
     /// only bands are a unit's admits by that alone) or gives units back
-    /// without saying who charged them (a program's settlement of a
-    /// reservation: the bucket's, most likely; a refund that says goes
-    /// where it says, see `MemoryScope::refund`). A peek answers from a
-    /// fresh state.
-    pub(super) fn keyless_in_overflow(&self, op: crate::storage::Op) -> bool {
+    /// as `refund` says. A peek answers from a fresh state.
+    pub(super) fn keyless_in_overflow(&self, op: crate::storage::Op, refund: KeylessRefund) -> bool {
         use crate::storage::Amount;
-        let reads = (0..crate::storage::MAX_BANDS)
-            .any(|i| matches!(op.band(i).0, Amount::Require | Amount::Refund(1..)));
+        let to_bucket = |amount| match amount {
+            Amount::Require => true,
+            Amount::Refund(1..) => refund == KeylessRefund::ToOverflow,
+            _ => false,
+        };
+        let reads = (0..crate::storage::MAX_BANDS).any(|i| to_bucket(op.band(i).0));
         reads && self.is_full()
     }
 
@@ -165,6 +166,18 @@ async fn gc_loop(weak: Weak<Inner>, every: Duration, mut stopped: tokio::sync::o
             tracing::trace!(removed = n, "rate-limit memory storage swept expired keys");
         }
     }
+}
+
+/// Where a refund for an identity without a key of its own goes while the
+/// storage is full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum KeylessRefund {
+    /// To its tier's overflow bucket: who charged it is not known (a
+    /// program's settlement), and at the cap the bucket most likely did.
+    ToOverflow,
+    /// Nowhere: the user's own key charged it, and has expired since (its
+    /// state is fresh).
+    Nowhere,
 }
 
 fn shrink_if_sparse<V>(map: &dashmap::DashMap<Box<str>, V, super::Hasher>) {

@@ -22,6 +22,7 @@ mod slots;
 #[cfg(test)]
 mod tests;
 
+use gc::KeylessRefund;
 use scope::{Scope, Scopes};
 
 type Hasher = foldhash::fast::RandomState;
@@ -83,7 +84,9 @@ const DEFAULT_GC_INTERVAL: Duration = Duration::from_secs(60);
 ///   and [`TierUsage`](crate::TierUsage) tell it (the `decided_by` of
 ///   [`TierScope::refund`]): what the overflow bucket charged goes back to
 ///   it, even once the identity has a key of its own, and what a key
-///   charged goes back to that key, or nowhere once it expired. A refund
+///   charged goes back to the user's key, or nowhere while the user has
+///   none (a key made anew since is given it: see the README on
+///   reservations held longer than a refill). A refund
 ///   that does not say (a program's
 ///   [`RateTier::refund`](crate::RateTier::refund) or
 ///   [`RateTier::settle`](crate::RateTier::settle)) goes to the user's key,
@@ -321,6 +324,21 @@ impl Inner {
         op: Op,
         clock: &Arc<dyn Clock>,
     ) -> Result<Decision, StorageError> {
+        self.decide_as(scope, user, bands, op, clock, KeylessRefund::ToOverflow)
+    }
+
+    /// [`Inner::decide`], a refund for an identity without a key of its own
+    /// in a full storage going where `refund` says.
+    #[inline]
+    fn decide_as(
+        self: &Arc<Self>,
+        scope: &Scope,
+        user: &str,
+        bands: &[Quota],
+        op: Op,
+        clock: &Arc<dyn Clock>,
+        refund: KeylessRefund,
+    ) -> Result<Decision, StorageError> {
         self.ensure_gc(clock);
         match op {
             Op::Acquire { slots, .. } | Op::AcquireEach { slots, .. } => {
@@ -336,8 +354,8 @@ impl Inner {
             Op::Charge(_) | Op::Refund(_) | Op::Each(_) => {}
         }
         match bands {
-            [quota] => self.decide_one(scope, user, quota, op, clock),
-            _ if bands.len() <= MAX_BANDS => self.decide_many(scope, user, bands, op, clock),
+            [quota] => self.decide_one(scope, user, quota, op, clock, refund),
+            _ if bands.len() <= MAX_BANDS => self.decide_many(scope, user, bands, op, clock, refund),
             _ => Err(StorageError::new(
                 StorageErrorKind::Other,
                 "a decision needs 1 to MAX_BANDS bands",
@@ -360,8 +378,6 @@ impl Inner {
 
     /// Gives back `op`'s refund in `user`'s own key in `scope`; nothing when
     /// it has none (a fresh state: its key expired, or it never had one).
-    /// Only a key swept between the look and the refund, in a full storage,
-    /// sends it to the overflow bucket.
     fn refund_own(
         self: &Arc<Self>,
         scope: &Scope,
@@ -370,17 +386,8 @@ impl Inner {
         op: Op,
         clock: &Arc<dyn Clock>,
     ) -> Result<Decision, StorageError> {
-        if !self.is_full() || scope.single.contains_key(user) || scope.multi.contains_key(user) {
-            return self.decide(scope, user, bands, op, clock);
-        }
         refund_fits(bands, op)?;
-        let mut fresh = [None; MAX_BANDS];
-        Ok(super::decide_bands(
-            &mut fresh[..bands.len()],
-            clock.now(),
-            bands,
-            op,
-        ))
+        self.decide_as(scope, user, bands, op, clock, KeylessRefund::Nowhere)
     }
 
     /// A tier of one band. The clock is read while the key's shard lock is
@@ -397,10 +404,11 @@ impl Inner {
         quota: &Quota,
         op: Op,
         clock: &Arc<dyn Clock>,
+        refund: KeylessRefund,
     ) -> Result<Decision, StorageError> {
         let bands = std::slice::from_ref(quota);
         if !scope.holds_single(super::window_ms(quota)) {
-            return self.decide_many(scope, user, bands, op, clock);
+            return self.decide_many(scope, user, bands, op, clock, refund);
         }
         if let Some(mut stored) = scope.single.get_mut(user) {
             let now = clock.now();
@@ -409,7 +417,7 @@ impl Inner {
             *stored = tat[0].unwrap_or(now);
             return Ok(decision);
         }
-        self.insert_one(scope, user, bands, op, clock)
+        self.insert_one(scope, user, bands, op, clock, refund)
     }
 
     /// [`Inner::decide_one`] for a user without a stored state.
@@ -422,18 +430,19 @@ impl Inner {
         bands: &[Quota],
         op: Op,
         clock: &Arc<dyn Clock>,
+        refund: KeylessRefund,
     ) -> Result<Decision, StorageError> {
         if scope.multi.contains_key(user) {
             // The user's bands are kept under their names (its band had
             // another window than `single` when it was first seen): its state
             // is there.
-            return self.decide_many(scope, user, bands, op, clock);
+            return self.decide_many(scope, user, bands, op, clock, refund);
         }
         let now = clock.now();
         let mut tat = [None];
         let decision = super::decide_bands(&mut tat, now, bands, op);
         if tat[0].is_none() {
-            if self.keyless_in_overflow(op) {
+            if self.keyless_in_overflow(op, refund) {
                 return Ok(self.decide_overflow(scope.key(user), bands, op, clock));
             }
             // Denied, a peek, or a refund: nothing to keep.

@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 
 use dashmap::mapref::entry::Entry;
 
+use super::gc::KeylessRefund;
 use super::scope::Scope;
 use super::{Inner, Tats};
 use crate::clock::{Clock, Nanos};
@@ -82,6 +83,7 @@ impl Inner {
         bands: &[Quota],
         op: Op,
         clock: &Arc<dyn Clock>,
+        refund: KeylessRefund,
     ) -> Result<Decision, StorageError> {
         let mut names = [BandName::default(); MAX_BANDS];
         for (slot, name) in names.iter_mut().zip(crate::storage::band_names(bands)) {
@@ -110,7 +112,7 @@ impl Inner {
             let now = clock.now();
             let (decision, new) = apply(seeded(single).as_ref(), now);
             if new.is_none() {
-                if single.is_none() && self.keyless_in_overflow(op) {
+                if single.is_none() && self.keyless_in_overflow(op, refund) {
                     return Ok(self.decide_overflow(scope.key(user), bands, op, clock));
                 }
                 return Ok(decision);
