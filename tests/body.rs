@@ -170,3 +170,46 @@ async fn a_body_that_fails_or_stalls_gets_a_clear_4xx_not_a_hang() {
     assert_eq!(ids.calls.load(Ordering::SeqCst), 0);
     assert_eq!(inner.load(Ordering::SeqCst), 0);
 }
+
+/// An outer limiter in front of a buffered one: the inner one's answers to
+/// bodies too large (413) or too slow (408) count in the outer limit, so
+/// that it throttles a client sending them (they are no refusals for want
+/// of quota, which would consume nothing further out).
+#[tokio::test]
+async fn an_outer_limit_counts_the_bodies_an_inner_buffered_limiter_cannot_read() {
+    let outer = RateTier::builder()
+        .tier("free", Quota::per_minute(2))
+        .clock(FakeClock::new())
+        .build();
+    let inner = RateTier::builder()
+        .tier("free", Quota::per_minute(100))
+        .clock(FakeClock::new())
+        .build();
+    let app = Router::new()
+        .route("/", post(|body: Bytes| async move { body }))
+        .layer(
+            TierLimitLayer::new(inner)
+                .identifier_fn(tower_rate_tier_tests::reply::header_identity)
+                .buffer_body(true)
+                .max_body_size(8)
+                // the body stalls for good: a 408 whatever the machine's speed
+                .body_timeout(Duration::from_millis(20)),
+        )
+        .layer(TierLimitLayer::new(outer).identifier_fn(tower_rate_tier_tests::reply::header_identity));
+    let post = |chunk: &'static [u8]| {
+        let body = Scripted {
+            chunks: vec![Bytes::from_static(chunk)],
+            end: End::Stall,
+        };
+        let request = Request::post("/").header("x-user", "ada").body(Body::new(body));
+        request.unwrap()
+    };
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        let answer = app.clone().oneshot(post(&[b'x'; 100])).await.unwrap();
+        statuses.push(answer.status().as_u16());
+        let answer = app.clone().oneshot(post(b"x")).await.unwrap();
+        statuses.push(answer.status().as_u16());
+    }
+    assert_eq!(statuses, [413, 408, 429, 429, 429, 429]);
+}

@@ -18,8 +18,8 @@ use tower_rate_tier::storage::{
     Decide, MemoryStorage, Op, Storage, StorageError, StorageErrorKind, StorageKey,
 };
 use tower_rate_tier::{
-    OnMissing, OnStorageError, OnUnknownTier, Quota, RateLimitEvent, RateTier, TierCost, TierIdentifier,
-    TierIdentity, TierLimitLayer, tier_cost,
+    OnMissing, OnStorageError, OnUnknownTier, PeerAddr, Quota, RateLimitEvent, RateTier, TierCost,
+    TierIdentifier, TierIdentity, TierLimitLayer, tier_cost,
 };
 use tower_rate_tier_tests::reply::{header_identity, send};
 
@@ -507,6 +507,50 @@ async fn stacked_limiters_each_count_in_their_own_namespace() {
     // the general limiter counted the two admitted logins only: the refused
     // third consumed nothing there either (10 - 2 logins - this request)
     assert_eq!(hit(&app, "GET", "/plain", "ada").await, (200, Some(7)));
+}
+
+/// An outer per-address limit in front of a limiter that answers clients
+/// it cannot identify 401: the 401s count in the outer limit (so that it
+/// throttles key guessing), whether the inner identifier answers inline or
+/// waits; only a refusal for want of quota consumes nothing further out.
+#[tokio::test]
+async fn an_outer_limit_counts_the_requests_an_inner_limiter_denies() {
+    for waits in [false, true] {
+        let per_address = RateTier::builder()
+            .tier("ip", Quota::per_minute(3))
+            .default_tier("ip")
+            .namespace("ip")
+            .clock(FakeClock::new())
+            .build();
+        let keys = RateTier::builder()
+            .tier("free", Quota::per_minute(1_000))
+            .on_missing(OnMissing::Deny(StatusCode::UNAUTHORIZED))
+            .clock(FakeClock::new())
+            .build();
+        let inner = TierLimitLayer::new(keys);
+        let inner = if waits {
+            inner.identifier(AsyncIds)
+        } else {
+            inner.identifier_fn(header_identity)
+        };
+        let app = Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(inner)
+            .layer(TierLimitLayer::new(per_address));
+        let mut statuses = Vec::new();
+        for _ in 0..5 {
+            let mut guess = req("GET", "/", None, None);
+            guess
+                .extensions_mut()
+                .insert(PeerAddr("10.0.0.1:4000".parse().unwrap()));
+            statuses.push(send(&app, guess).await.status.as_u16());
+        }
+        assert_eq!(
+            statuses,
+            [401, 401, 401, 429, 429],
+            "the identifier waits: {waits}"
+        );
+    }
 }
 
 #[tokio::test]

@@ -131,16 +131,20 @@ struct Held {
     meter: Option<ContentMeter>,
 }
 
-/// Marks, in its extensions, a response the limiter answered itself: a
-/// limiter further out gives its charge back (a refused request consumes
-/// nothing anywhere) and leaves the refusal's own headers alone.
+/// Marks, in its extensions, a response the limiter answered itself for
+/// want of quota (a 429, the 403 of a cost above the burst, a failed
+/// storage's answer): a limiter further out gives its charge back (a
+/// refused request consumes nothing anywhere) and leaves the refusal's own
+/// headers alone.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Refusal;
 
 /// Marks, in its extensions, a response whose content the limiter wrote
-/// though its request stays counted (the 403 of a reservation no quota of
-/// its unit can hold): like a [`Refusal`]'s, its content is not counted as
-/// `content-bytes`.
+/// though its request stays counted, in this limiter and those further out:
+/// an answer for a reason that is not a quota (a client not identified, a
+/// tier not configured, a body that could not be read: see [`answer`]),
+/// and the 403 of a reservation no quota of its unit can hold. Like a
+/// [`Refusal`]'s, its content is not counted as `content-bytes`.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct LimiterContent;
 
@@ -151,11 +155,32 @@ pub(crate) fn refusal<B>(response: Response<Bytes>) -> Response<ResponseBody<B>>
     response
 }
 
+/// The limiter's answer for a reason that is not a quota, as the response
+/// of the service it wraps: limiters further out count the request (an
+/// outer per-address limit throttles unknown keys and unreadable bodies).
+pub(crate) fn answer<B>(response: Response<Bytes>) -> Response<ResponseBody<B>> {
+    let mut response = response.map(ResponseBody::refusal);
+    mark_answer(&mut response);
+    response
+}
+
 /// Marks `response` as a refusal of the limiter: the [`Refusal`] extension,
 /// and `Cache-Control: no-store` unless it says otherwise (a refusal is
 /// about one client at one moment; no cache may answer it to another).
 pub(crate) fn mark_refusal<B>(response: &mut Response<B>) {
     response.extensions_mut().insert(Refusal);
+    no_store(response);
+}
+
+/// Marks `response` as content of the limiter that leaves its request
+/// counted: the [`LimiterContent`] extension, and `Cache-Control:
+/// no-store` unless it says otherwise.
+pub(crate) fn mark_answer<B>(response: &mut Response<B>) {
+    response.extensions_mut().insert(LimiterContent);
+    no_store(response);
+}
+
+fn no_store<B>(response: &mut Response<B>) {
     response
         .headers_mut()
         .entry(http::header::CACHE_CONTROL)

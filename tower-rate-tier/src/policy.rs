@@ -14,7 +14,8 @@ pub enum OnMissing {
     UseDefault,
     /// Let it through without counting it.
     Allow,
-    /// Answer with this status.
+    /// Answer with this status (limiters further out count the request:
+    /// it is no refusal for want of quota).
     Deny(StatusCode),
 }
 
@@ -26,7 +27,8 @@ pub enum OnUnknownTier {
     /// 403 when there is no default tier (the default policy).
     #[default]
     UseDefault,
-    /// Answer with this status.
+    /// Answer with this status (limiters further out count the request:
+    /// it is no refusal for want of quota).
     Deny(StatusCode),
     /// Let the request through uncounted, without rate-limit headers.
     Allow,

@@ -135,11 +135,7 @@ impl From<Refused> for TierRefusal {
             // the request counts: no refusal mark, but no cache may keep it,
             // and its content is the limiter's
             let mut response = refused.response;
-            response.extensions_mut().insert(crate::body::LimiterContent);
-            response
-                .headers_mut()
-                .entry(http::header::CACHE_CONTROL)
-                .or_insert(http::HeaderValue::from_static("no-store"));
+            crate::body::mark_answer(&mut response);
             return TierRefusal { response };
         }
         TierRefusal::new(refused.response)

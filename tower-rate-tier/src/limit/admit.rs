@@ -29,8 +29,14 @@ pub(crate) enum Admission {
     /// the request holds its slot (a tier with a concurrency limit) until
     /// its response is over.
     Pass(Option<Arc<Charge>>, Option<SlotGuard>),
-    /// Answer without calling the inner service.
+    /// Refuse for want of quota, without calling the inner service: limiters
+    /// further out give their charge back (a refused request consumes
+    /// nothing anywhere).
     Refuse(http::Response<bytes::Bytes>),
+    /// Answer without calling the inner service, for a reason that is not a
+    /// quota (a client not identified, a tier not configured): limiters
+    /// further out count the request.
+    Answer(http::Response<bytes::Bytes>),
 }
 
 /// `tier` with an identity's own quotas (built once per `with_quotas`
@@ -412,13 +418,13 @@ fn unknown_tier(
     }
     match config.on_unknown_tier {
         OnUnknownTier::UseDefault => config.ledger.tiers.default_entry().ok_or_else(|| {
-            Admission::Refuse(problem(
+            Admission::Answer(problem(
                 StatusCode::FORBIDDEN,
                 "the client's tier is not configured and there is no default tier",
                 serde_json::Value::Null,
             ))
         }),
-        OnUnknownTier::Deny(status) => Err(Admission::Refuse(problem(
+        OnUnknownTier::Deny(status) => Err(Admission::Answer(problem(
             status,
             "the client's tier is not configured",
             serde_json::Value::Null,
@@ -451,14 +457,14 @@ fn unidentified(
                 let user = User::new(user).ok_or_else(|| bypass(head))?;
                 Ok((user, tier))
             }
-            None => Err(Admission::Refuse(problem(
+            None => Err(Admission::Answer(problem(
                 StatusCode::FORBIDDEN,
                 "the client is not identified and there is no default tier",
                 serde_json::Value::Null,
             ))),
         },
         OnMissing::Allow => Err(bypass(head)),
-        OnMissing::Deny(status) => Err(Admission::Refuse(problem(
+        OnMissing::Deny(status) => Err(Admission::Answer(problem(
             status,
             "the client is not identified",
             serde_json::Value::Null,

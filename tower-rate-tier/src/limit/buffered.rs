@@ -198,13 +198,14 @@ where
         let declares_too_large = req.body().size_hint().lower() > limits.max as u64
             || declared_length(&req) > Some(limits.max as u64);
         if declares_too_large && !headers_first {
-            let refusal = refuse(
+            let mut answer = refuse(
                 &self.inner.config,
                 req.headers(),
                 StatusCode::PAYLOAD_TOO_LARGE,
                 TOO_LARGE,
             );
-            return ResponseFuture::refuse(refusal);
+            crate::body::mark_answer(&mut answer);
+            return ResponseFuture::answer(answer);
         }
         let (parts, body) = req.into_parts();
         let config = self.inner.config.clone();
@@ -222,7 +223,7 @@ where
                 }
                 if declares_too_large {
                     let refusal = refuse(&config, &parts.headers, StatusCode::PAYLOAD_TOO_LARGE, TOO_LARGE);
-                    return Ok(crate::body::refusal(refusal));
+                    return Ok(crate::body::answer(refusal));
                 }
             }
             let read = tokio::time::timeout(limits.timeout, read_body(body, limits.max)).await;
@@ -233,7 +234,7 @@ where
                         Unread::TooLarge => (StatusCode::PAYLOAD_TOO_LARGE, TOO_LARGE),
                         Unread::Failed => (StatusCode::BAD_REQUEST, "the request body could not be read"),
                     };
-                    return Ok(crate::body::refusal(refuse(
+                    return Ok(crate::body::answer(refuse(
                         &config,
                         &parts.headers,
                         status,
@@ -247,7 +248,7 @@ where
                         StatusCode::REQUEST_TIMEOUT,
                         "the request body was not received in time",
                     );
-                    return Ok(crate::body::refusal(refusal));
+                    return Ok(crate::body::answer(refusal));
                 }
             };
             let identity = match &config.identify {

@@ -33,7 +33,8 @@ pin_project! {
         // A request that holds a slot keeps it here until the inner service
         // answers, then in the body.
         Inner { #[pin] future: F, charge: Option<Arc<Charge>>, slot: Option<SlotGuard> },
-        // Refused: the inner service was never called.
+        // Answered by the limiter (refused, or denied): the inner service
+        // was never called; the response carries its mark.
         Refused { response: Option<Response<Bytes>> },
         // The identifier, the body or the storage waits: the whole serve
         // path runs in a task of its own.
@@ -48,7 +49,9 @@ impl<F, B, E> ResponseFuture<F, B, E> {
         }
     }
 
-    pub(crate) fn refuse(response: Response<Bytes>) -> Self {
+    /// The limiter's own answer, marked (see [`crate::body::mark_refusal`]
+    /// and [`crate::body::mark_answer`]).
+    pub(crate) fn answer(response: Response<Bytes>) -> Self {
         ResponseFuture {
             kind: Kind::Refused {
                 response: Some(response),
@@ -100,7 +103,7 @@ where
                 Poll::Ready(Ok(finish(response?, charge.take().as_ref(), slot)))
             }
             KindProj::Refused { response } => match response.take() {
-                Some(response) => Poll::Ready(Ok(crate::body::refusal(response))),
+                Some(response) => Poll::Ready(Ok(response.map(ResponseBody::refusal))),
                 None => panic!("`ResponseFuture` polled after completion"),
             },
             KindProj::Boxed { future } => future.as_mut().poll(cx),

@@ -122,7 +122,14 @@ impl<S> TierLimitService<S> {
         match admission {
             Admission::Pass(charge, slot) => ResponseFuture::inner(self.inner.call(req), charge, slot),
             Admission::Refuse(response) => {
-                ResponseFuture::refuse(admit::answer(&self.config, req.headers(), response))
+                let mut refusal = admit::answer(&self.config, req.headers(), response);
+                crate::body::mark_refusal(&mut refusal);
+                ResponseFuture::answer(refusal)
+            }
+            Admission::Answer(response) => {
+                let mut answer = admit::answer(&self.config, req.headers(), response);
+                crate::body::mark_answer(&mut answer);
+                ResponseFuture::answer(answer)
             }
         }
     }
@@ -190,6 +197,11 @@ where
             Ok(finish(response, charge.as_ref(), slot))
         }
         Admission::Refuse(response) => Ok(crate::body::refusal(admit::answer(
+            &config,
+            &parts.headers,
+            response,
+        ))),
+        Admission::Answer(response) => Ok(crate::body::answer(admit::answer(
             &config,
             &parts.headers,
             response,
