@@ -213,3 +213,26 @@ async fn an_outer_limit_counts_the_bodies_an_inner_buffered_limiter_cannot_read(
     }
     assert_eq!(statuses, [413, 408, 429, 429, 429, 429]);
 }
+
+/// A body always ready with empty data frames, never ending: the read
+/// yields between frames, so its deadline answers 408 (it spun on the task
+/// for good before).
+#[tokio::test]
+async fn a_body_of_endless_empty_frames_meets_its_deadline() {
+    struct EmptyFrames;
+    impl http_body::Body for EmptyFrames {
+        type Data = Bytes;
+        type Error = std::io::Error;
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+            Poll::Ready(Some(Ok(Frame::data(Bytes::new()))))
+        }
+    }
+    let (ids, inner) = (BodyKeys::default(), Arc::new(AtomicUsize::new(0)));
+    let app = app(ids, inner.clone());
+    let (status, _, _) = send(&app, Body::new(EmptyFrames)).await;
+    assert_eq!(status, StatusCode::REQUEST_TIMEOUT);
+    assert_eq!(inner.load(Ordering::SeqCst), 0);
+}

@@ -278,12 +278,19 @@ enum Unread {
 /// Reads `body` whole, at most `max` bytes, into one buffer: each data
 /// frame is copied in as it arrives, so a body sent in many small frames
 /// holds its size, not a buffer per frame (nor the transport's buffers they
-/// would share). Trailers are dropped.
+/// would share). Trailers are dropped. Each frame spends a unit of the
+/// task's tokio budget, so that a body always ready with frames that add
+/// nothing (empty data, trailers) still yields, and the read's deadline
+/// is checked.
 async fn read_body<B: HttpBody>(body: B, max: usize) -> Result<Bytes, Unread> {
     let mut body = std::pin::pin!(body);
     let hint = body.size_hint().exact().unwrap_or(0).min(max as u64);
     let mut out = BytesMut::with_capacity(usize::try_from(hint).unwrap_or(0));
-    while let Some(frame) = body.frame().await {
+    loop {
+        tokio::task::coop::consume_budget().await;
+        let Some(frame) = body.frame().await else {
+            break;
+        };
         let Ok(data) = frame.map_err(|_| Unread::Failed)?.into_data() else {
             continue;
         };
