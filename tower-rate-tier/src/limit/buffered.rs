@@ -24,7 +24,20 @@
 //! request (the identifier is then asked twice), and the refusals above
 //! answer in gRPC form. An identifier given as a closure over the headers
 //! reads no body, and its gRPC requests are never buffered. Every refusal
-//! carries `Cache-Control: no-store`.
+//! carries `Cache-Control: no-store`; a limiter further out counts these
+//! answers (they are no refusals for want of quota), so an outer
+//! header-keyed or per-address limit throttles a client sending bodies that
+//! cannot be read.
+//!
+//! A body is read before its client is known: a tier's concurrency limit
+//! counts requests from their identification on, not the reads before it.
+//! A client may hold as many reads as it opens requests, each at most
+//! `max_body_size` for at most `body_timeout`: bound connections and
+//! streams in the server, or put a header-keyed limiter outside this one. Over HTTP (not
+//! gRPC) the identifier is asked with
+//! [`identify_with_body`](crate::TierIdentifier::identify_with_body), whose
+//! default asks [`identify`](crate::TierIdentifier::identify) with the
+//! headers, not `identify_parts`.
 //!
 //! ```
 //! # #[cfg(feature = "axum")]
