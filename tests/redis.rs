@@ -23,6 +23,8 @@ mod exactness;
 mod failures;
 #[path = "redis/fallback.rs"]
 mod fallback;
+#[path = "redis/fallback_primary.rs"]
+mod fallback_primary;
 #[path = "redis/fallback_refunds.rs"]
 mod fallback_refunds;
 #[path = "redis/half_moved.rs"]

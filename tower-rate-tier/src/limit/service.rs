@@ -122,14 +122,12 @@ impl<S> TierLimitService<S> {
         match admission {
             Admission::Pass(charge, slot) => ResponseFuture::inner(self.inner.call(req), charge, slot),
             Admission::Refuse(response) => {
-                let mut refusal = admit::answer(&self.config, req.headers(), response);
-                crate::body::mark_refusal(&mut refusal);
-                ResponseFuture::answer(refusal)
+                let mark = crate::body::mark_refusal;
+                ResponseFuture::answer(limiter_answer(&self.config, req.headers(), response, mark))
             }
             Admission::Answer(response) => {
-                let mut answer = admit::answer(&self.config, req.headers(), response);
-                crate::body::mark_answer(&mut answer);
-                ResponseFuture::answer(answer)
+                let mark = crate::body::mark_answer;
+                ResponseFuture::answer(limiter_answer(&self.config, req.headers(), response, mark))
             }
         }
     }
@@ -154,6 +152,21 @@ impl<S> TierLimitService<S> {
         let config = self.config.clone();
         ResponseFuture::boxed(Box::pin(serve(config, inner, start, parts, body)))
     }
+}
+
+/// The limiter's own answer to a request it does not pass, in the
+/// request's protocol, with its `mark` (a refusal for want of quota, or an
+/// answer limiters further out count).
+#[cold]
+fn limiter_answer(
+    config: &LayerConfig,
+    request: &http::HeaderMap,
+    response: Response<bytes::Bytes>,
+    mark: fn(&mut Response<bytes::Bytes>),
+) -> Response<bytes::Bytes> {
+    let mut answer = admit::answer(config, request, response);
+    mark(&mut answer);
+    answer
 }
 
 /// The serve path of a request that waits: identify, bill, decide, call the

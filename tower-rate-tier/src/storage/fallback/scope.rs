@@ -8,7 +8,7 @@ use super::Shared;
 use super::local::{Call, Local};
 use crate::clock::Clock;
 use crate::quota::Quota;
-use crate::storage::{BandStates, Decide, Decision, DecisionSource, Op, ScopeKey, Storage, TierScope};
+use crate::storage::{BandStates, Decide, Decision, DecisionSource, Lease, Op, ScopeKey, Storage, TierScope};
 
 /// A tier prepared in a fallback: the primary's scope of the tier, the
 /// local limiter's, and the tier's names (for the failure domain of a key).
@@ -66,8 +66,11 @@ impl TierScope for FallbackScope {
     /// A refund of what the local limiter charged goes to it while the
     /// key's domain answers locally (into the spell of now), and nowhere once
     /// the primary answers again: the primary never charged it, and the
-    /// local state is never merged into the primary's. Any other refund is
-    /// decided as any operation, the primary told who charged it.
+    /// local state is never merged into the primary's. Any other refund goes
+    /// to the primary, told who charged it, whether or not the key's domain
+    /// answers locally now: the local limiter never charged it (a refund
+    /// the primary cannot take is reported as failed, never given to the
+    /// local limiter).
     fn refund(
         &self,
         user: &str,
@@ -77,15 +80,7 @@ impl TierScope for FallbackScope {
         clock: &Arc<dyn Clock>,
     ) -> Decide {
         if decided_by != DecisionSource::Fallback {
-            let call = Call {
-                user,
-                bands,
-                op,
-                clock,
-            };
-            return self.shared.decide(self.at(), self.local(), call, |op| {
-                self.primary.refund(user, bands, op, decided_by, clock)
-            });
+            return self.primary.refund(user, bands, op, decided_by, clock);
         }
         let Some(epoch) = self.shared.local_epoch(self.shared.domain(self.at(), user)) else {
             let nothing = Decision::new(true, clock.now(), BandStates::new());
@@ -99,6 +94,23 @@ impl TierScope for FallbackScope {
             clock,
         };
         Decide::ready(self.shared.answer_locally(local, call, epoch))
+    }
+
+    /// A slot is given back where it was taken, which its lease does not
+    /// say: in the local limiter while the key's domain answers locally,
+    /// and in the primary always (a lease one of them never gave is nothing
+    /// to it). A release the primary cannot take is left to the lease.
+    fn release(&self, user: &str, bands: &[Quota], lease: Lease, clock: &Arc<dyn Clock>) -> Option<Decide> {
+        if let Some(epoch) = self.shared.local_epoch(self.shared.domain(self.at(), user)) {
+            let call = Call {
+                user,
+                bands,
+                op: Op::Release(lease),
+                clock,
+            };
+            let _ = self.shared.answer_locally(self.local(), call, epoch);
+        }
+        self.primary.release(user, bands, lease, clock)
     }
 }
 
