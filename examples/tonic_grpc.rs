@@ -81,13 +81,16 @@ where
 }
 
 /// The limiter: two plans, the key from metadata, costs by method.
-fn limiter() -> TierLimitLayer {
-    let tiers = RateTier::builder()
+fn plans() -> RateTier {
+    RateTier::builder()
         .tier("free", Quota::per_minute(3))
         .tier("pro", Quota::per_minute(100))
         .default_tier("free")
-        .build();
-    TierLimitLayer::new(tiers)
+        .build()
+}
+
+fn limiter(tiers: &RateTier) -> TierLimitLayer {
+    TierLimitLayer::new(tiers.clone())
         .identifier_fn(|metadata| {
             let key = metadata.get("x-api-key")?.to_str().ok()?;
             let plan = if key.starts_with("pro-") { "pro" } else { "free" };
@@ -162,8 +165,9 @@ async fn main() {
     let listener = bind_loopback().await;
     let addr = listener.local_addr().expect("the listener's address");
     let (_health_reporter, health) = tonic_health::server::health_reporter();
+    let tiers = plans();
     let server = Server::builder()
-        .layer(limiter())
+        .layer(limiter(&tiers))
         .add_service(Greeter)
         .add_service(health)
         .serve_with_incoming(TcpIncoming::from(listener));
@@ -211,6 +215,11 @@ async fn main() {
         "free-1's first three calls pass",
     );
     check(report.is_ok(), "pro-1's Report passes");
+    let pro = tiers.check("pro-1", "pro", 0).await;
+    check(
+        matches!(&pro, Ok(Ok(info)) if info.remaining == 97),
+        "pro-1's Report cost 3 of its 100",
+    );
     check(serving.is_ok(), "the health check of a spent key passes");
     let Some(Err(refused)) = results.pop() else {
         check(false, "free-1's fourth call is refused");

@@ -117,7 +117,10 @@ pub enum RateLimitEvent<'a> {
     },
     /// The storage started (`active: true`) or stopped answering from a
     /// [`Fallback`](crate::storage::Fallback)'s local limiter, as this
-    /// layer's decisions show: reported once per switch, each way.
+    /// layer's decisions show: reported once per switch, each way. With
+    /// failure domains, the decisions of a healthy domain and of one
+    /// answered locally interleave, and this event follows them; alert on
+    /// the fallback's own `on_switch`, which reports it as a whole.
     Fallback {
         /// Whether decisions now come from the local limiter.
         active: bool,
@@ -152,7 +155,9 @@ pub enum RateLimitEvent<'a> {
     /// The client was not identified (or its user id was empty or too long).
     Unidentified,
     /// A route declares a cost but no limiter ran before it; it was refused
-    /// with 500.
+    /// with 500. Reserved: the refusal comes before any limiter runs, so no
+    /// limiter's `on_event` hears it; it is logged as an error (target
+    /// `tower_rate_tier`).
     MissingLimiter {
         /// The declared cost.
         cost: u32,

@@ -9,7 +9,7 @@
 //! | `tower_rate_tier_deny_cache_hits_total` | counter | `storage` | denials answered by a deny cache without asking the storage ([`MeteredStorage`] around it) |
 //! | `tower_rate_tier_concurrent_requests` | gauge | `tier` | slots of the tier's concurrency limit held now by requests this layer admitted, all users together ([`TierLimitLayer::metrics`](crate::TierLimitLayer::metrics)) |
 //! | `tower_rate_tier_units_total` | counter | `tier`, `unit`, `outcome` | units of a tier's named units ([`RateTierBuilder::tier_unit`](crate::RateTierBuilder::tier_unit)) that requests this layer admitted used: `recorded` (charged, into a debt if need be), `forgiven` (beyond the unit's debt bound), `lost` (the storage failed) ([`TierLimitLayer::metrics`](crate::TierLimitLayer::metrics)) |
-//! | `tower_rate_tier_fallback_active` | gauge | `storage` | 1 while a [`Fallback`](crate::storage::Fallback) answers from its local limiter, 0 once the primary answers again ([`MeteredStorage`] around it) |
+//! | `tower_rate_tier_fallback_active` | gauge | `storage` | 1 while a [`Fallback`](crate::storage::Fallback) answers from its local limiter, 0 once the primary answers again ([`MeteredStorage`] around it; it follows the last decision, so with failure domains it changes with them: alert on the fallback's `on_switch`) |
 //!
 //! The `outcome` of a request ([`Outcome`]):
 //!
@@ -19,7 +19,7 @@
 //! | `limited` | the tier charged | refused: the quota is spent (429, or RESOURCE_EXHAUSTED) |
 //! | `concurrency_limited` | the tier charged | refused: the user has as many requests in flight as the tier's concurrency limit (429, or RESOURCE_EXHAUSTED) |
 //! | `shadow_limited` | the tier charged | would have been limited, let through by shadow mode (nothing consumed) |
-//! | `cost_exceeds_limit` | the tier | the cost is above the tier's burst (403) |
+//! | `cost_exceeds_limit` | the tier | the cost is above the tier's burst (403; let through in shadow mode) |
 //! | `storage_error_allowed`, `storage_error_denied` | the tier | the storage failed; [`OnStorageError`] let it through or refused it |
 //! | `check_failed` | the tier | the check failed otherwise (400) |
 //! | `unidentified_allowed`, `unidentified_denied` | `unknown` | not identified; [`OnMissing::Allow`], or a refusal ([`OnMissing::Deny`], no default tier) |
@@ -181,7 +181,7 @@ pub enum Outcome {
     /// Refused: the user has as many requests in flight as the tier's
     /// concurrency limit.
     ConcurrencyLimited,
-    /// Would have been limited under shadow mode. Reserved: not emitted yet.
+    /// Would have been limited; let through by shadow mode.
     ShadowLimited,
     /// The cost is above the tier's burst.
     CostExceedsLimit,
