@@ -31,9 +31,36 @@ async fn fallback(server: &RedisServer, timeout: Duration, probe: Duration) -> F
         .build()
 }
 
-/// A handler that says it has started, then waits for the gate.
-fn gated() -> (Arc<Semaphore>, Arc<Semaphore>) {
-    (Arc::new(Semaphore::new(0)), Arc::new(Semaphore::new(0)))
+/// Where a handler says it has started, then waits until the test opens.
+#[derive(Clone)]
+struct Gate {
+    entered: Arc<Semaphore>,
+    open: Arc<Semaphore>,
+}
+
+impl Gate {
+    fn new() -> Self {
+        Gate {
+            entered: Arc::new(Semaphore::new(0)),
+            open: Arc::new(Semaphore::new(0)),
+        }
+    }
+
+    /// The handler's side: started, and waiting.
+    async fn pass(&self) {
+        self.entered.add_permits(1);
+        self.open.acquire().await.unwrap().forget();
+    }
+
+    /// The test's side: until a handler has started.
+    async fn entered(&self) {
+        self.entered.acquire().await.unwrap().forget();
+    }
+
+    /// The test's side: lets one handler go on.
+    fn open(&self) {
+        self.open.add_permits(1);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -74,16 +101,15 @@ async fn a_request_redis_admitted_refunded_during_an_outage_gives_the_local_limi
         .tier("free", Quota::per_day(1))
         .storage(storage.clone())
         .build();
-    let (entered, gate) = gated();
-    let handler = (entered.clone(), gate.clone());
+    let gate = Gate::new();
+    let handler = gate.clone();
     let app = Router::new()
         .route(
             "/slow",
             get(move || {
-                let (entered, gate) = handler.clone();
+                let gate = handler.clone();
                 async move {
-                    entered.add_permits(1);
-                    gate.acquire().await.unwrap().forget();
+                    gate.pass().await;
                     StatusCode::INTERNAL_SERVER_ERROR
                 }
             }),
@@ -101,14 +127,14 @@ async fn a_request_redis_admitted_refunded_during_an_outage_gives_the_local_limi
     };
     // admitted by Redis, still running
     let slow = tokio::spawn(get("/slow"));
-    entered.acquire().await.unwrap().forget();
+    gate.entered().await;
     server.kill();
     // the outage: ada's local share is 1 request a day
     assert_eq!(get("/").await.unwrap().status(), 200);
     assert!(storage.is_local());
     assert_eq!(get("/").await.unwrap().status(), 429);
     // the request Redis admitted fails: its refund is due (in a task)
-    gate.add_permits(1);
+    gate.open();
     assert_eq!(slow.await.unwrap().unwrap().status(), 500);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(
@@ -130,17 +156,16 @@ async fn a_reservation_redis_made_settled_during_an_outage_gives_the_local_limit
         .tier_unit("llm", "tokens", Quota::per_day(1_000))
         .storage(storage.clone())
         .build();
-    let (entered, gate) = gated();
-    let handler = (entered.clone(), gate.clone());
+    let gate = Gate::new();
+    let handler = gate.clone();
     let app = Router::new()
         .route(
             "/",
             get(move |usage: TierUsage| {
-                let (entered, gate) = handler.clone();
+                let gate = handler.clone();
                 async move {
                     usage.reserve("tokens", 1_000).await?;
-                    entered.add_permits(1);
-                    gate.acquire().await.unwrap().forget();
+                    gate.pass().await;
                     usage.record("tokens", 0);
                     Ok::<_, TierRefusal>("ok")
                 }
@@ -156,7 +181,7 @@ async fn a_reservation_redis_made_settled_during_an_outage_gives_the_local_limit
         app.clone()
             .oneshot(Request::get("/").body(Body::empty()).unwrap()),
     );
-    entered.acquire().await.unwrap().forget();
+    gate.entered().await;
     server.kill();
     // the outage: ada spends her local share
     let spent = tiers
@@ -169,7 +194,7 @@ async fn a_reservation_redis_made_settled_during_an_outage_gives_the_local_limit
         tiers.reserve("ada", "llm", "tokens", 1).await.unwrap().is_err(),
         "local share spent"
     );
-    gate.add_permits(1);
+    gate.open();
     assert_eq!(request.await.unwrap().unwrap().status(), 200);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let again = tiers.reserve("ada", "llm", "tokens", 1_000).await.unwrap();
@@ -194,16 +219,15 @@ async fn a_slot_redis_granted_released_during_an_outage_comes_back_in_redis() {
         .tier_concurrency("free", 1)
         .storage(storage.clone())
         .build();
-    let (entered, gate) = gated();
-    let handler = (entered.clone(), gate.clone());
+    let gate = Gate::new();
+    let handler = gate.clone();
     let app = Router::new()
         .route(
             "/slow",
             get(move || {
-                let (entered, gate) = handler.clone();
+                let gate = handler.clone();
                 async move {
-                    entered.add_permits(1);
-                    gate.acquire().await.unwrap().forget();
+                    gate.pass().await;
                     "done"
                 }
             }),
@@ -220,7 +244,7 @@ async fn a_slot_redis_granted_released_during_an_outage_comes_back_in_redis() {
     };
     // ada's request holds her one slot in Redis
     let slow = tokio::spawn(send("/slow", "ada"));
-    entered.acquire().await.unwrap().forget();
+    gate.entered().await;
     // Redis sleeps: another user's request times out and switches to local
     server.pause(true);
     let other = send("/", "bob").await.unwrap();
@@ -229,7 +253,7 @@ async fn a_slot_redis_granted_released_during_an_outage_comes_back_in_redis() {
     assert!(storage.is_local());
     server.pause(false);
     // ada's request ends while decisions are still answered locally
-    gate.add_permits(1);
+    gate.open();
     drop(slow.await.unwrap().unwrap());
     // back on Redis (someone else's decisions bring it back)
     let deadline = std::time::Instant::now() + Duration::from_secs(10);

@@ -33,8 +33,8 @@
 //! counts requests from their identification on, not the reads before it.
 //! A client may hold as many reads as it opens requests, each at most
 //! `max_body_size` for at most `body_timeout`: bound connections and
-//! streams in the server, or put a header-keyed limiter outside this one. Over HTTP (not
-//! gRPC) the identifier is asked with
+//! streams in the server, or put a header-keyed limiter outside this one.
+//! Over HTTP (not gRPC) the identifier is asked with
 //! [`identify_with_body`](crate::TierIdentifier::identify_with_body), whose
 //! default asks [`identify`](crate::TierIdentifier::identify) with the
 //! headers, not `identify_parts`.

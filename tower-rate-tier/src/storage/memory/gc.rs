@@ -58,12 +58,7 @@ impl Inner {
             _ => false,
         };
         let reads = (0..crate::storage::MAX_BANDS).any(|i| to_bucket(op.band(i).0));
-        reads && self.is_full()
-    }
-
-    /// Whether the storage holds `max_keys` keys.
-    pub(super) fn is_full(&self) -> bool {
-        self.len.load(Ordering::Relaxed) >= self.max_keys
+        reads && self.len.load(Ordering::Relaxed) >= self.max_keys
     }
 
     /// Takes one slot under the key cap, reclaiming expired keys first when

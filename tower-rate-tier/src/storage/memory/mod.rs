@@ -86,9 +86,8 @@ const DEFAULT_GC_INTERVAL: Duration = Duration::from_secs(60);
 ///   it, even once the identity has a key of its own, and what a key
 ///   charged goes back to the user's key, or nowhere while the user has
 ///   none (a key made anew since is given it: see the README on
-///   reservations held longer than a refill). A refund
-///   that does not say (a program's
-///   [`RateTier::refund`](crate::RateTier::refund) or
+///   reservations held longer than a refill). A refund that does not say
+///   (a program's [`RateTier::refund`](crate::RateTier::refund) or
 ///   [`RateTier::settle`](crate::RateTier::settle)) goes to the user's key,
 ///   or, for an identity without one while the storage is full, to the
 ///   overflow bucket.
@@ -279,9 +278,10 @@ impl TierScope for MemoryScope {
     }
 
     /// What the tier's overflow bucket charged goes back to it, whether or
-    /// not the user has a key of its own now; anything else to the user's
-    /// own key, and nowhere when it has none (its state is fresh: an
-    /// expired key, or one the storage had no room for).
+    /// not the user has a key of its own now; what the user's own key
+    /// charged, to that key, and nowhere when it has none (its state is
+    /// fresh: an expired key, or one the storage had no room for); any
+    /// other refund as a decision gives it back.
     fn refund(
         &self,
         user: &str,
@@ -292,8 +292,10 @@ impl TierScope for MemoryScope {
     ) -> Decide {
         let (inner, scope) = (&self.inner, &self.scope);
         Decide::ready(match decided_by {
-            DecisionSource::Overflow => inner.refund_overflow(scope, user, bands, op, clock),
-            DecisionSource::Storage => inner.refund_own(scope, user, bands, op, clock),
+            DecisionSource::Overflow => {
+                refund_fits(bands, op).map(|()| inner.decide_overflow(scope.key(user), bands, op, clock))
+            }
+            DecisionSource::Storage => inner.decide_as(scope, user, bands, op, clock, KeylessRefund::Nowhere),
             _ => inner.decide(scope, user, bands, op, clock),
         })
     }
@@ -361,33 +363,6 @@ impl Inner {
                 "a decision needs 1 to MAX_BANDS bands",
             )),
         }
-    }
-
-    /// Gives back `op`'s refund in `scope`'s overflow bucket.
-    fn refund_overflow(
-        &self,
-        scope: &Scope,
-        user: &str,
-        bands: &[Quota],
-        op: Op,
-        clock: &Arc<dyn Clock>,
-    ) -> Result<Decision, StorageError> {
-        refund_fits(bands, op)?;
-        Ok(self.decide_overflow(scope.key(user), bands, op, clock))
-    }
-
-    /// Gives back `op`'s refund in `user`'s own key in `scope`; nothing when
-    /// it has none (a fresh state: its key expired, or it never had one).
-    fn refund_own(
-        self: &Arc<Self>,
-        scope: &Scope,
-        user: &str,
-        bands: &[Quota],
-        op: Op,
-        clock: &Arc<dyn Clock>,
-    ) -> Result<Decision, StorageError> {
-        refund_fits(bands, op)?;
-        self.decide_as(scope, user, bands, op, clock, KeylessRefund::Nowhere)
     }
 
     /// A tier of one band. The clock is read while the key's shard lock is
@@ -473,7 +448,8 @@ impl Inner {
     }
 }
 
-/// Whether a refund of `op` can be given back in `bands`.
+/// Whether a refund of `op` can be given back in `bands` (checked here for
+/// the overflow bucket; a decision checks its own).
 fn refund_fits(bands: &[Quota], op: Op) -> Result<(), StorageError> {
     let fits = match op {
         Op::Each(amounts) => amounts.len() == bands.len(),
