@@ -18,6 +18,9 @@ use tower_rate_tier::{Quota, RateTier, TierIdentity, TierLimitLayer, TierRefusal
 use tower_rate_tier_tests::flaky::Flaky;
 use tower_rate_tier_tests::reply::send;
 
+#[path = "fallback_charges/wrappers.rs"]
+mod wrappers;
+
 /// The primary's switch, the limiter's clock and the fallback.
 #[derive(Clone)]
 struct World {

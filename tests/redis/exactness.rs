@@ -150,7 +150,7 @@ async fn script_matches_the_reference_gcra() {
             0..=4 => clock.advance(Duration::from_micros(next(400_000))),
             5..=7 => {
                 let cost = next(4) as u32;
-                redis.refund(k, bands, cost).await.unwrap();
+                redis.give_back(k, bands, cost).await.unwrap();
                 memory.decide(k, bands, Op::Refund(cost), &fake).await.unwrap();
             }
             _ => {

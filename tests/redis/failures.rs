@@ -249,7 +249,7 @@ async fn connecting_to_a_closed_port_fails_fast() {
         "{source:?}"
     );
     let err = lazy
-        .refund(key("free", "alice@example.com"), &[Quota::per_minute(10)], 1)
+        .give_back(key("free", "alice@example.com"), &[Quota::per_minute(10)], 1)
         .await
         .unwrap_err();
     assert!(err.to_string().contains("Redis refund failed"), "{err}");

@@ -42,9 +42,9 @@ async fn keys_are_hashed_expire_and_share_a_hash_tag() {
     assert!((863_000..=864_001).contains(&pttl(1)), "{}", pttl(1));
     // a refund keeps an expiry on what it writes, and deletes a full band
     assert!(redis.check(k, &bands, 2).await.unwrap().allowed);
-    redis.refund(k, &bands, 1).await.unwrap();
+    redis.give_back(k, &bands, 1).await.unwrap();
     assert!((11_000..=12_001).contains(&pttl(0)), "{}", pttl(0));
-    redis.refund(k, &bands, 5).await.unwrap();
+    redis.give_back(k, &bands, 5).await.unwrap();
     assert_eq!(pttl(0), -2, "a full band has no key");
     let peek = redis.check(k, &bands, 0).await.unwrap();
     assert_eq!(peek.bands[0].remaining, 10);

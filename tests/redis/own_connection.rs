@@ -78,7 +78,7 @@ async fn exercise(storage: &RedisStorage, server: &RedisServer, who: &str) -> Re
     assert!(!storage.check(k1, &one, 1).await?.allowed);
     let d = storage.check(k2, &two, 2).await?;
     assert_eq!([d.bands[0].remaining, d.bands[1].remaining], [3, 98]);
-    storage.refund(k2, &two, 2).await?;
+    storage.give_back(k2, &two, 2).await?;
     let d = storage.check(k2, &two, 0).await?;
     assert_eq!([d.bands[0].remaining, d.bands[1].remaining], [5, 100]);
     server.cli(&["SCRIPT", "FLUSH"]);

@@ -4,7 +4,7 @@ use std::sync::{Arc, LazyLock};
 
 use tower_rate_tier::Quota;
 use tower_rate_tier::clock::{Clock, SystemClock};
-use tower_rate_tier::storage::{Decide, Op, Storage, StorageKey};
+use tower_rate_tier::storage::{Decide, DecisionSource, Op, Storage, StorageKey};
 
 static SYSTEM_CLOCK: LazyLock<Arc<dyn Clock>> = LazyLock::new(|| Arc::new(SystemClock));
 
@@ -17,7 +17,7 @@ pub trait StorageOps: Storage {
     }
 
     /// Gives `cost` back to every band of `key`.
-    fn refund(&self, key: StorageKey<'_>, bands: &[Quota], cost: u32) -> Decide {
+    fn give_back(&self, key: StorageKey<'_>, bands: &[Quota], cost: u32) -> Decide {
         self.decide(key, bands, Op::Refund(cost), &SYSTEM_CLOCK)
     }
 }
@@ -66,5 +66,17 @@ impl<S: Storage> Storage for Tally<S> {
         };
         counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.inner.decide(key, bands, op, clock)
+    }
+
+    fn refund(
+        &self,
+        key: StorageKey<'_>,
+        bands: &[Quota],
+        op: Op,
+        decided_by: DecisionSource,
+        clock: &Arc<dyn Clock>,
+    ) -> Decide {
+        self.refunds.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.refund(key, bands, op, decided_by, clock)
     }
 }

@@ -13,7 +13,8 @@ use super::{
 use crate::clock::Clock;
 use crate::quota::Quota;
 use crate::storage::{
-    Decide, Decision, DecisionSource, Op, Storage, StorageError, StorageErrorKind, StorageKey,
+    Decide, Decision, DecisionSource, Lease, Op, ScopeKey, Storage, StorageError, StorageErrorKind,
+    StorageKey, TierScope,
 };
 
 /// A [`Storage`] that times every operation of the storage it wraps
@@ -56,17 +57,48 @@ fn kind_index(kind: StorageErrorKind) -> usize {
     }
 }
 
+/// What a call is, for the metrics its answer moves.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Call {
+    /// A decision: its source moves the deny cache's hits and the
+    /// fallback's gauge.
+    Decision,
+    /// A refund: timed and its failures counted, its source none of the
+    /// above (a refund of a local charge is answered by the fallback
+    /// whoever decides now).
+    Refund,
+}
+
 impl Probe {
-    fn record(&self, started: Instant, result: &Result<Decision, StorageError>) {
+    fn record(&self, started: Instant, call: Call, result: &Result<Decision, StorageError>) {
         self.duration.record(started.elapsed().as_secs_f64());
         match result {
             Err(error) => self.errors[kind_index(error.kind())].increment(1),
+            Ok(_) if call == Call::Refund => {}
             Ok(decision) => match decision.source {
                 DecisionSource::DenyCache => self.deny_cache_hits.increment(1),
                 DecisionSource::Fallback => self.fallback_active.set(1.0),
                 DecisionSource::Storage => self.fallback_active.set(0.0),
                 _ => {}
             },
+        }
+    }
+
+    /// `decided`, timed from `started` to its answer.
+    fn time(self: &Arc<Self>, started: Instant, call: Call, decided: Decide) -> Decide {
+        match decided.into_ready() {
+            Ok(result) => {
+                self.record(started, call, &result);
+                Decide::ready(result)
+            }
+            Err(pending) => {
+                let probe = self.clone();
+                Decide::pending(async move {
+                    let result = pending.await;
+                    probe.record(started, call, &result);
+                    result
+                })
+            }
         }
     }
 }
@@ -102,20 +134,70 @@ impl<S: Storage> MeteredStorage<S> {
 impl<S: Storage> Storage for MeteredStorage<S> {
     fn decide(&self, key: StorageKey<'_>, bands: &[Quota], op: Op, clock: &Arc<dyn Clock>) -> Decide {
         let started = Instant::now();
-        match self.inner.decide(key, bands, op, clock).into_ready() {
-            Ok(result) => {
-                self.probe.record(started, &result);
-                Decide::ready(result)
-            }
-            Err(pending) => {
-                let probe = self.probe.clone();
-                Decide::pending(async move {
-                    let result = pending.await;
-                    probe.record(started, &result);
-                    result
-                })
-            }
-        }
+        let decided = self.inner.decide(key, bands, op, clock);
+        self.probe.time(started, Call::Decision, decided)
+    }
+
+    fn refund(
+        &self,
+        key: StorageKey<'_>,
+        bands: &[Quota],
+        op: Op,
+        decided_by: DecisionSource,
+        clock: &Arc<dyn Clock>,
+    ) -> Decide {
+        let started = Instant::now();
+        let refunded = self.inner.refund(key, bands, op, decided_by, clock);
+        self.probe.time(started, Call::Refund, refunded)
+    }
+
+    /// The tier in the wrapped storage, when it prepares it, with its calls
+    /// timed and counted.
+    fn prepare(&self, at: ScopeKey<'_>) -> Option<Arc<dyn TierScope>> {
+        let inner = self.inner.prepare(at)?;
+        Some(Arc::new(MeteredScope {
+            inner,
+            probe: self.probe.clone(),
+        }))
+    }
+}
+
+/// A tier prepared in the wrapped storage, its calls timed and counted.
+struct MeteredScope {
+    inner: Arc<dyn TierScope>,
+    probe: Arc<Probe>,
+}
+
+impl TierScope for MeteredScope {
+    fn decide(&self, user: &str, bands: &[Quota], op: Op, clock: &Arc<dyn Clock>) -> Decide {
+        let started = Instant::now();
+        let decided = self.inner.decide(user, bands, op, clock);
+        self.probe.time(started, Call::Decision, decided)
+    }
+
+    fn refund(
+        &self,
+        user: &str,
+        bands: &[Quota],
+        op: Op,
+        decided_by: DecisionSource,
+        clock: &Arc<dyn Clock>,
+    ) -> Decide {
+        let started = Instant::now();
+        let refunded = self.inner.refund(user, bands, op, decided_by, clock);
+        self.probe.time(started, Call::Refund, refunded)
+    }
+
+    fn release(&self, user: &str, bands: &[Quota], lease: Lease, clock: &Arc<dyn Clock>) -> Option<Decide> {
+        let started = Instant::now();
+        let released = self.inner.release(user, bands, lease, clock)?;
+        Some(self.probe.time(started, Call::Decision, released))
+    }
+}
+
+impl fmt::Debug for MeteredScope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("MeteredScope").field(&self.inner).finish()
     }
 }
 

@@ -158,6 +158,21 @@ impl<S: Storage> Storage for DenyCache<S> {
         })
     }
 
+    /// Counted as any refund here, and passed on with where its charge was
+    /// decided.
+    fn refund(
+        &self,
+        key: StorageKey<'_>,
+        bands: &[Quota],
+        op: Op,
+        decided_by: DecisionSource,
+        clock: &Arc<dyn Clock>,
+    ) -> Decide {
+        self.table.guard(encode(key), bands, op, clock.now(), || {
+            self.inner.refund(key, bands, op, decided_by, clock)
+        })
+    }
+
     /// The tier in the wrapped storage (its own scope, or its decisions by
     /// name), behind this cache.
     fn prepare(&self, at: ScopeKey<'_>) -> Option<Arc<dyn TierScope>> {
@@ -354,7 +369,8 @@ impl DenyTable {
             if !quota.is_unlimited() && state.reset_after_ns > 0 {
                 let tat = sent_at.saturating_add(state.reset_after_ns);
                 entry.tats[i] = Some(tat);
-                entry.expires = entry.expires.max(tat);
+                let full_by = sent_at.saturating_add(state.reset_after_ns.min(longest_reset(quota)));
+                entry.expires = entry.expires.max(full_by);
             }
         }
         // Checked under the entry's lock: a refund counts before it drops
@@ -422,6 +438,16 @@ impl DenyTable {
             self.len.fetch_sub(1, Ordering::Relaxed);
         }
     }
+}
+
+/// How long an entry may last for a band of `quota`: a full refill, and as
+/// long again for a debt of one burst (the layer's bound for a unit). An
+/// entry whose band would take longer (a larger debt bound, or a custom
+/// storage's bug such as `u64::MAX`) expires then all the same: one bad
+/// answer never keeps a key's entry for good, and an entry that expires
+/// early only asks the storage sooner.
+fn longest_reset(quota: &Quota) -> u64 {
+    quota.refill_nanos().saturating_mul(2)
 }
 
 fn same_bands(entry: &Entry, bands: &[Quota]) -> bool {

@@ -143,6 +143,7 @@ pub const DEFAULT_CONTINUE_WITHIN: Duration = Duration::from_secs(300);
 
 mod builder;
 mod domain;
+mod give_back;
 mod local;
 mod scope;
 
@@ -238,8 +239,39 @@ impl<S: Storage> Storage for Fallback<S> {
             op,
             clock,
         };
+        if let Op::Release(lease) = op {
+            return self.shared.release(at, Local::Named(at), call, lease, |lease| {
+                self.primary.decide(key, bands, Op::Release(lease), clock)
+            });
+        }
         self.shared.decide(at, Local::Named(at), call, |op| {
             self.primary.decide(key, bands, op, clock)
+        })
+    }
+
+    /// To whoever charged it: the local limiter's charge to it while the
+    /// key's domain answers locally (else nowhere), any other to the
+    /// primary.
+    fn refund(
+        &self,
+        key: StorageKey<'_>,
+        bands: &[Quota],
+        op: Op,
+        decided_by: DecisionSource,
+        clock: &Arc<dyn Clock>,
+    ) -> Decide {
+        let at = ScopeKey {
+            namespace: key.namespace,
+            tier: key.tier,
+        };
+        let call = Call {
+            user: key.user,
+            bands,
+            op,
+            clock,
+        };
+        self.shared.refund(at, Local::Named(at), call, decided_by, |op| {
+            self.primary.refund(key, bands, op, decided_by, clock)
         })
     }
 

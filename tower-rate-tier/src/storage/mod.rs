@@ -43,7 +43,7 @@
 //! use std::sync::Arc;
 //! use std::sync::atomic::{AtomicU64, Ordering};
 //! use tower_rate_tier::clock::Clock;
-//! use tower_rate_tier::storage::{Decide, MemoryStorage, Op, Storage, StorageKey};
+//! use tower_rate_tier::storage::{Decide, DecisionSource, MemoryStorage, Op, Storage, StorageKey};
 //! use tower_rate_tier::{Quota, RateTier};
 //!
 //! #[derive(Debug, Clone)]
@@ -57,6 +57,20 @@
 //!         self.decisions.fetch_add(1, Ordering::Relaxed);
 //!         self.inner.decide(key, bands, op, clock)
 //!     }
+//!
+//!     // Passed on, so that a `Fallback` or a `DenyCache` inside still gives
+//!     // each refund back where its charge was made.
+//!     fn refund(
+//!         &self,
+//!         key: StorageKey<'_>,
+//!         bands: &[Quota],
+//!         op: Op,
+//!         decided_by: DecisionSource,
+//!         clock: &Arc<dyn Clock>,
+//!     ) -> Decide {
+//!         self.decisions.fetch_add(1, Ordering::Relaxed);
+//!         self.inner.refund(key, bands, op, decided_by, clock)
+//!     }
 //! }
 //!
 //! let storage = Counting { inner: MemoryStorage::new(), decisions: Arc::default() };
@@ -67,9 +81,19 @@
 //! # }
 //! ```
 //!
+//! A wrapper passes on every method it does not change: `decide`,
+//! [`Storage::refund`] (a refund, with where its charge was decided) and
+//! [`Storage::prepare`]. The example leaves `prepare` to its default, so its
+//! tiers are decided by name through it; a wrapper that prepares the tiers
+//! of the storage it wraps hands out a [`TierScope`] that passes on each of
+//! its methods in the same way.
+//!
 //! A storage that must wait returns [`Decide::pending`] with a future that
 //! owns what it needs (copies of the key and bands, a clone of a connection
-//! handle); one that decides at once returns [`Decide::ready`].
+//! handle); one that decides at once returns [`Decide::ready`]. The limiter
+//! adds no time limit of its own: a storage that waits bounds its own
+//! futures (the Redis storage has a timeout), or a request waits as long as
+//! its storage does.
 
 use std::fmt;
 use std::future::Future;
@@ -87,6 +111,7 @@ pub mod deny_cache;
 mod error;
 pub mod fallback;
 mod memory;
+mod pointers;
 #[cfg(feature = "redis")]
 pub mod redis;
 pub mod scope;
@@ -416,24 +441,23 @@ pub trait Storage: Send + Sync + fmt::Debug + 'static {
         let _ = at;
         None
     }
-}
 
-impl<S: Storage + ?Sized> Storage for Arc<S> {
-    fn decide(&self, key: StorageKey<'_>, bands: &[Quota], op: Op, clock: &Arc<dyn Clock>) -> Decide {
-        (**self).decide(key, bands, op, clock)
-    }
-
-    fn prepare(&self, at: ScopeKey<'_>) -> Option<Arc<dyn TierScope>> {
-        (**self).prepare(at)
-    }
-}
-
-impl<S: Storage + ?Sized> Storage for Box<S> {
-    fn decide(&self, key: StorageKey<'_>, bands: &[Quota], op: Op, clock: &Arc<dyn Clock>) -> Decide {
-        (**self).decide(key, bands, op, clock)
-    }
-
-    fn prepare(&self, at: ScopeKey<'_>) -> Option<Arc<dyn TierScope>> {
-        (**self).prepare(at)
+    /// Carries out `op`, which gives back (some of) what an earlier
+    /// decision of `key` charged, made by `decided_by`
+    /// ([`Decision::source`]): see [`TierScope::refund`], which this is for
+    /// a tier decided by name. By default, as [`decide`](Storage::decide)
+    /// does. A wrapper passes it on to the storage it wraps (as it does
+    /// [`prepare`](Storage::prepare)): a [`Fallback`] inside needs
+    /// `decided_by` to give a charge back where it was made.
+    fn refund(
+        &self,
+        key: StorageKey<'_>,
+        bands: &[Quota],
+        op: Op,
+        decided_by: DecisionSource,
+        clock: &Arc<dyn Clock>,
+    ) -> Decide {
+        let _ = decided_by;
+        self.decide(key, bands, op, clock)
     }
 }

@@ -85,7 +85,7 @@ pub trait TierScope: Send + Sync + fmt::Debug + 'static {
     /// ([`Op::Release`] over the tier's `bands`). `None` when the slot was
     /// given back at once with nothing to tell; else the storage's answer,
     /// which may have to be awaited. By default, [`decide`](TierScope::decide)
-    /// carries out the release.
+    /// carries out the release; a scope that wraps another passes it on.
     fn release(&self, user: &str, bands: &[Quota], lease: Lease, clock: &Arc<dyn Clock>) -> Option<Decide> {
         Some(self.decide(user, bands, Op::Release(lease), clock))
     }
@@ -97,7 +97,8 @@ pub trait TierScope: Send + Sync + fmt::Debug + 'static {
     /// [`Fallback`](super::Fallback) gives back what its local limiter
     /// charged to that limiter while the key's domain answers locally, and
     /// nowhere once the primary answers again (the primary never charged
-    /// it).
+    /// it). A scope that wraps another passes it on with `decided_by`: the
+    /// default would give it back where the wrapped scope decides now.
     ///
     /// [`Decision::source`]: super::Decision::source
     fn refund(
@@ -139,6 +140,22 @@ impl TierScope for ByName {
             user,
         };
         self.storage.decide(key, bands, op, clock)
+    }
+
+    fn refund(
+        &self,
+        user: &str,
+        bands: &[Quota],
+        op: Op,
+        decided_by: DecisionSource,
+        clock: &Arc<dyn Clock>,
+    ) -> Decide {
+        let key = StorageKey {
+            namespace: &self.namespace,
+            tier: &self.tier,
+            user,
+        };
+        self.storage.refund(key, bands, op, decided_by, clock)
     }
 }
 

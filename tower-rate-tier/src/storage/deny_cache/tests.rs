@@ -7,6 +7,8 @@ use super::*;
 use crate::clock::FakeClock;
 use crate::storage::{Amounts, MemoryStorage};
 
+mod bad_answers;
+
 /// A storage deciding on a clock of its own (a Redis server's, say),
 /// whatever clock the limiter passes; counts the decisions it makes.
 #[derive(Debug, Clone)]

@@ -8,7 +8,7 @@ use super::Shared;
 use super::local::{Call, Local};
 use crate::clock::Clock;
 use crate::quota::Quota;
-use crate::storage::{BandStates, Decide, Decision, DecisionSource, Lease, Op, ScopeKey, Storage, TierScope};
+use crate::storage::{Decide, DecisionSource, Lease, Op, ScopeKey, Storage, TierScope};
 
 /// A tier prepared in a fallback: the primary's scope of the tier, the
 /// local limiter's, and the tier's names (for the failure domain of a key).
@@ -58,19 +58,17 @@ impl TierScope for FallbackScope {
             op,
             clock,
         };
+        if let Op::Release(lease) = op {
+            return self.shared.release(self.at(), local, call, lease, |lease| {
+                self.primary.decide(user, bands, Op::Release(lease), clock)
+            });
+        }
         self.shared.decide(self.at(), local, call, |op| {
             self.primary.decide(user, bands, op, clock)
         })
     }
 
-    /// A refund of what the local limiter charged goes to it while the
-    /// key's domain answers locally (into the spell of now), and nowhere once
-    /// the primary answers again: the primary never charged it, and the
-    /// local state is never merged into the primary's. Any other refund goes
-    /// to the primary, told who charged it, whether or not the key's domain
-    /// answers locally now: the local limiter never charged it (a refund
-    /// the primary cannot take is reported as failed, never given to the
-    /// local limiter).
+    /// To whoever charged it (see [`Shared::refund`]).
     fn refund(
         &self,
         user: &str,
@@ -79,38 +77,30 @@ impl TierScope for FallbackScope {
         decided_by: DecisionSource,
         clock: &Arc<dyn Clock>,
     ) -> Decide {
-        if decided_by != DecisionSource::Fallback {
-            return self.primary.refund(user, bands, op, decided_by, clock);
-        }
-        let Some(epoch) = self.shared.local_epoch(self.shared.domain(self.at(), user)) else {
-            let nothing = Decision::new(true, clock.now(), BandStates::new());
-            return Decide::ready(Ok(nothing.with_source(DecisionSource::Fallback)));
-        };
-        let local = self.local();
         let call = Call {
             user,
             bands,
             op,
             clock,
         };
-        Decide::ready(self.shared.answer_locally(local, call, epoch))
+        self.shared
+            .refund(self.at(), self.local(), call, decided_by, |op| {
+                self.primary.refund(user, bands, op, decided_by, clock)
+            })
     }
 
-    /// A slot is given back where it was taken, which its lease does not
-    /// say: in the local limiter while the key's domain answers locally,
-    /// and in the primary always (a lease one of them never gave is nothing
-    /// to it). A release the primary cannot take is left to the lease.
+    /// In both limiters (see [`Shared::release`]).
     fn release(&self, user: &str, bands: &[Quota], lease: Lease, clock: &Arc<dyn Clock>) -> Option<Decide> {
-        if let Some(epoch) = self.shared.local_epoch(self.shared.domain(self.at(), user)) {
-            let call = Call {
-                user,
-                bands,
-                op: Op::Release(lease),
-                clock,
-            };
-            let _ = self.shared.answer_locally(self.local(), call, epoch);
-        }
-        self.primary.release(user, bands, lease, clock)
+        let call = Call {
+            user,
+            bands,
+            op: Op::Release(lease),
+            clock,
+        };
+        self.shared
+            .release(self.at(), self.local(), call, lease, |lease| {
+                self.primary.release(user, bands, lease, clock)
+            })
     }
 }
 

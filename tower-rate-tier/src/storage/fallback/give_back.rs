@@ -1,0 +1,62 @@
+//! What goes back where it was taken, whether the tier was prepared or is
+//! decided by name: a refund to whoever charged it, a slot to both
+//! limiters.
+
+use super::Shared;
+use super::local::{Call, Local};
+use crate::storage::{BandStates, Decide, Decision, DecisionSource, Lease, Op, ScopeKey};
+
+impl Shared {
+    /// Gives back `call`'s refund of what `decided_by` charged in the tier
+    /// `at` (kept locally in `local`; `primary` carries out an operation
+    /// in the primary, told who charged it).
+    ///
+    /// A refund of what the local limiter charged goes to it while the
+    /// key's domain answers locally (into the spell of now), and nowhere
+    /// once the primary answers again: the primary never charged it, and
+    /// the local state is never merged into the primary's. Any other refund
+    /// goes to the primary, whether or not the key's domain answers locally
+    /// now: the local limiter never charged it (a refund the primary cannot
+    /// take is reported as failed, never given to the local limiter).
+    pub(super) fn refund(
+        &self,
+        at: ScopeKey<'_>,
+        local: Local<'_>,
+        call: Call<'_>,
+        decided_by: DecisionSource,
+        primary: impl FnOnce(Op) -> Decide,
+    ) -> Decide {
+        if decided_by != DecisionSource::Fallback {
+            return primary(call.op);
+        }
+        let Some(epoch) = self.local_epoch(self.domain(at, call.user)) else {
+            let nothing = Decision::new(true, call.clock.now(), BandStates::new());
+            return Decide::ready(Ok(nothing.with_source(DecisionSource::Fallback)));
+        };
+        Decide::ready(self.answer_locally(local, call, epoch))
+    }
+
+    /// Gives back the slot of `lease` that `call`'s user took in the tier
+    /// `at`, where it was taken, which its lease does not say: in the local
+    /// limiter while the key's domain answers locally, and in the primary
+    /// always (`primary` gives it back there; a lease one of them never
+    /// gave is nothing to it). A release the primary cannot take is left to
+    /// the lease.
+    pub(super) fn release<R>(
+        &self,
+        at: ScopeKey<'_>,
+        local: Local<'_>,
+        call: Call<'_>,
+        lease: Lease,
+        primary: impl FnOnce(Lease) -> R,
+    ) -> R {
+        if let Some(epoch) = self.local_epoch(self.domain(at, call.user)) {
+            let call = Call {
+                op: Op::Release(lease),
+                ..call
+            };
+            let _ = self.answer_locally(local, call, epoch);
+        }
+        primary(lease)
+    }
+}
