@@ -18,6 +18,9 @@ use tower_rate_tier::{
 };
 use tower_rate_tier_tests::reply::{Reply, header_identity, send};
 
+#[path = "live_policy/units_and_requests.rs"]
+mod units_and_requests;
+
 fn get_as(user: &str, tier: &str, path: &str) -> Request<Body> {
     Request::get(path)
         .header("x-user", user)

@@ -382,7 +382,7 @@ impl Inner {
         refund: KeylessRefund,
     ) -> Result<Decision, StorageError> {
         let bands = std::slice::from_ref(quota);
-        if !scope.holds_single(super::window_ms(quota)) {
+        if !scope.holds_single(quota) {
             return self.decide_many(scope, user, bands, op, clock, refund);
         }
         if let Some(mut stored) = scope.single.get_mut(user) {

@@ -21,8 +21,8 @@ pub(super) struct Scope {
     tier: Box<str>,
     /// A decision found it by its names (it is then never retired).
     named: AtomicBool,
-    /// The refill window (ms, plus 1; 0: none yet) of the one band whose
-    /// state `single` holds: the first one-band window a decision brought
+    /// The refill window (ms, plus 1; 0: none yet) of the one request band
+    /// whose state `single` holds: the first one-band window a decision brought
     /// since `single` was last empty (the tier's own band, in practice).
     single_window: AtomicU64,
     /// One TAT per user, of the band of `single_window`.
@@ -51,11 +51,16 @@ impl Scope {
         }
     }
 
-    /// Whether the state of a one-band decision of refill window `window_ms`
-    /// lives in `single` (else in `multi`, under its name).
+    /// Whether the state of a one-band decision of `quota` lives in
+    /// `single` (else in `multi`, under its name). Only a request band's
+    /// does: `single` is labelled by a window alone, and a unit's band of
+    /// the same window is another band (its name has its unit).
     #[inline]
-    pub(super) fn holds_single(&self, window_ms: u64) -> bool {
-        let tag = window_ms.saturating_add(1);
+    pub(super) fn holds_single(&self, quota: &crate::quota::Quota) -> bool {
+        if !quota.unit().is_requests() {
+            return false;
+        }
+        let tag = crate::storage::window_ms(quota).saturating_add(1);
         match self.single_window.load(Ordering::Relaxed) {
             0 => match self
                 .single_window
@@ -68,7 +73,8 @@ impl Scope {
         }
     }
 
-    /// The name of the band whose times `single` holds, if one claimed it.
+    /// The name of the request band whose times `single` holds, if one
+    /// claimed it.
     pub(super) fn single_name(&self) -> Option<crate::storage::BandName> {
         match self.single_window.load(Ordering::Relaxed) {
             0 => None,
