@@ -11,6 +11,8 @@ mod batching;
 mod cluster;
 #[path = "redis/cluster_batching.rs"]
 mod cluster_batching;
+#[path = "redis/cluster_down.rs"]
+mod cluster_down;
 #[path = "redis/concurrency.rs"]
 mod concurrency;
 #[path = "redis/deny_cache.rs"]

@@ -84,7 +84,7 @@ pub(super) fn item_error(attempt: Attempt, reply: &str) -> StorageError {
         reply.to_owned(),
     ));
     let code = reply.split_whitespace().next().unwrap_or("?");
-    let kind = if cannot_write(code) {
+    let kind = if cannot_write(code) || cluster_down_in_script(code, reply) {
         StorageErrorKind::Unavailable
     } else {
         StorageErrorKind::Other
@@ -113,6 +113,15 @@ fn cannot_write(code: &str) -> bool {
         code,
         "OOM" | "READONLY" | "BUSY" | "LOADING" | "MASTERDOWN" | "CLUSTERDOWN" | "NOREPLICAS" | "MISCONF"
     )
+}
+
+/// Whether a script's reply says a command in it met a cluster that is
+/// down (`ERR Script attempted to execute a command while the cluster is
+/// down`, `... down and readonly`): a batch's script declares no keys, so
+/// the server runs it and each key it touches fails so, where a decision of
+/// its own would get `CLUSTERDOWN`. The same outage, so the same kind.
+fn cluster_down_in_script(code: &str, reply: &str) -> bool {
+    code == "ERR" && reply.contains("while the cluster is down")
 }
 
 /// `attempt` failed with `error`, which becomes the source.
@@ -323,6 +332,14 @@ mod tests {
             let item = item_error(Attempt::Charge, &format!("{code} the server's text trt:{{ab}}"));
             assert_eq!(item.kind(), StorageErrorKind::Unavailable, "{code}: {item}");
             assert!(!item.to_string().contains("trt:"), "{item}");
+        }
+        // a batch's script touching a key of a cluster that is down
+        for text in [
+            "ERR Script attempted to execute a command while the cluster is down",
+            "ERR Script attempted to execute a command while the cluster is down and readonly",
+        ] {
+            let item = item_error(Attempt::Charge, text);
+            assert_eq!(item.kind(), StorageErrorKind::Unavailable, "{text}: {item}");
         }
         for code in ["ERR", "WRONGTYPE", "NOSCRIPT", "NOPERM", "EXECABORT"] {
             assert_eq!(
