@@ -821,6 +821,37 @@ async fn a_refused_requests_content_bytes_reservation_comes_back() {
     assert_eq!(left(&tiers, "ada", "tokens").await, 200);
 }
 
+/// The other way round: tokens reserved, then `content-bytes` refused. A
+/// refused request consumes nothing, whichever unit refused it: the tokens
+/// come back too (and the request's own charge).
+#[tokio::test]
+async fn a_refused_requests_reservation_of_another_unit_comes_back() {
+    let clock = FakeClock::new();
+    let tiers = tiers(&clock);
+    let app = Router::new()
+        .route(
+            "/file",
+            get(|usage: TierUsage| async move {
+                usage.reserve("tokens", 300).await?;
+                usage.reserve("content-bytes", 60).await?;
+                usage.record("tokens", 300);
+                Ok::<_, TierRefusal>(vec![b'x'; 60])
+            }),
+        )
+        .layer(TierLimitLayer::new(tiers.clone()).identifier_fn(header_identity));
+    assert_eq!(send(&app, get_as("ada", "/file")).await.status, StatusCode::OK);
+    assert_eq!(left(&tiers, "ada", "tokens").await, 700);
+    assert_eq!(left(&tiers, "ada", "content-bytes").await, 40);
+    let requests = tiers.check("ada", "free", 0).await.unwrap().unwrap().remaining;
+    // 60 bytes do not fit now
+    let refused = send(&app, get_as("ada", "/file")).await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(left(&tiers, "ada", "tokens").await, 700, "the tokens come back");
+    assert_eq!(left(&tiers, "ada", "content-bytes").await, 40);
+    let after = tiers.check("ada", "free", 0).await.unwrap().unwrap().remaining;
+    assert_eq!(after, requests, "the request's own charge comes back");
+}
+
 /// A reservation above a unit's burst is answered 403 by the limiter (its
 /// request stays counted, so that asking for too much is never free); the
 /// 403's body is the limiter's content and counts nothing as

@@ -174,6 +174,23 @@ impl Charge {
         let mut reserved = self.take_reserved(unit);
         let parts = reserved.take(n);
         self.put_reserved(unit, reserved);
+        self.give_back_reserved(unit, parts);
+    }
+
+    /// The request was refused (a 429 of its own or of a limiter further
+    /// in), and a refused request consumes nothing: every reservation the
+    /// handler left unsettled is given back, whichever unit refused it.
+    pub(crate) fn refused(&self) {
+        let reserved = std::mem::take(&mut self.lock().reserved);
+        for (id, parts) in reserved {
+            if let Some(bands) = self.tier.units.iter().find(|bands| bands.unit.id() == id) {
+                self.give_back_reserved(bands.unit.as_str(), parts);
+            }
+        }
+    }
+
+    /// Gives `parts` of `unit` back, each where it was reserved.
+    fn give_back_reserved(&self, unit: &str, parts: Parts) {
         for (units, decided_by) in parts.each() {
             let refund = Amount::Refund(units);
             if let Ok(decide) =

@@ -76,9 +76,12 @@ pub(crate) fn finish<B>(
     let meter = charge.and_then(|charge| {
         charge.finish(&mut response);
         let extensions = response.extensions();
-        if extensions.get::<crate::body::Refusal>().is_some()
-            || extensions.get::<crate::body::LimiterContent>().is_some()
-        {
+        if extensions.get::<crate::body::Refusal>().is_some() {
+            // refused: nothing the handler reserved is consumed
+            charge.refused();
+            return None;
+        }
+        if extensions.get::<crate::body::LimiterContent>().is_some() {
             // the limiter's own content counts nothing
             charge.refused_content();
             return None;
