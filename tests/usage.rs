@@ -14,6 +14,7 @@ use http_body_util::BodyExt;
 use tower::ServiceExt;
 use tower_rate_tier::clock::FakeClock;
 use tower_rate_tier::{Quota, RateLimitEvent, RateTier, TierLimitLayer, TierRefusal, TierUsage};
+use tower_rate_tier_tests::bodies::Repeated;
 use tower_rate_tier_tests::reply::{header_identity, send};
 
 #[path = "usage/at_the_cap.rs"]
@@ -176,6 +177,62 @@ async fn usage_beyond_the_debt_bound_is_forgiven_and_reported() {
     send(&app, get_as("ada", "/complete?use=5000")).await;
     // 1,000 left and 1,000 of debt taken: 3,000 forgiven
     assert_eq!(*events.lock().unwrap(), [("tokens".to_owned(), 3_000)]);
+}
+
+/// `content-bytes` of a body above 4 GiB: a plan of 4 GiB a day (and as
+/// much of debt) streams 9 GiB. What is left and the debt bound take
+/// 8 GiB less 2 bytes, and the rest is forgiven and reported, never
+/// dropped unseen: the next download waits for the debt.
+#[tokio::test]
+async fn content_bytes_above_4_gib_are_charged_and_the_excess_reported() {
+    let clock = FakeClock::new();
+    let tiers = RateTier::builder()
+        .tier("free", Quota::per_day(1_000))
+        .tier_unit("free", "content-bytes", Quota::per_day(u32::MAX))
+        .clock(clock.clone())
+        .build();
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let seen = events.clone();
+    let chunk = Bytes::from(vec![0u8; 64 << 20]);
+    let app = Router::new()
+        .route(
+            "/",
+            get(move || {
+                let chunk = chunk.clone();
+                async move {
+                    Body::new(Repeated {
+                        chunk,
+                        frames: 9 * 16,
+                    })
+                }
+            }),
+        )
+        .layer(
+            TierLimitLayer::new(tiers.clone())
+                .identifier_fn(header_identity)
+                .on_event(move |event| {
+                    if let RateLimitEvent::UsageForgiven { units, .. } = event {
+                        seen.lock().unwrap().push(*units);
+                    }
+                }),
+        );
+    let response = app.clone().oneshot(get_as("ada", "/")).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut body = response.into_body();
+    let mut read = 0u64;
+    while let Some(frame) = body.frame().await {
+        read += frame.unwrap().into_data().map_or(0, |data| data.len() as u64);
+    }
+    drop(body);
+    assert_eq!(read, 9 << 30);
+    let absorbed = 2 * u64::from(u32::MAX);
+    let forgiven: u64 = events.lock().unwrap().iter().map(|&units| u64::from(units)).sum();
+    assert_eq!(forgiven, read - absorbed);
+    // a full day of debt to repay
+    let next = send(&app, get_as("ada", "/")).await;
+    assert_eq!(next.status, StatusCode::TOO_MANY_REQUESTS);
+    let retry: u64 = next.headers["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!(retry > 86_000, "Retry-After {retry}");
 }
 
 #[tokio::test]

@@ -29,3 +29,29 @@ impl http_body::Body for Endless {
         Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(b"first")))))
     }
 }
+
+/// A body of `frames` data frames, each the same shared chunk: gigabytes
+/// sent without holding them.
+#[derive(Debug)]
+pub struct Repeated {
+    /// The chunk each frame shares.
+    pub chunk: Bytes,
+    /// The frames still to send.
+    pub frames: usize,
+}
+
+impl http_body::Body for Repeated {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if self.frames == 0 {
+            return Poll::Ready(None);
+        }
+        self.frames -= 1;
+        Poll::Ready(Some(Ok(Frame::data(self.chunk.clone()))))
+    }
+}

@@ -262,8 +262,19 @@ impl Charge {
 }
 
 impl UsageSink for Charge {
+    /// Records `bytes` in settlements of at most `u32::MAX` each: a body
+    /// above 4 GiB is charged whole (into the debt bound, what is beyond it
+    /// forgiven and reported, never dropped unseen).
     fn content_bytes(&self, bytes: u64) {
-        self.record(CONTENT_BYTES, u32::try_from(bytes).unwrap_or(u32::MAX));
+        let mut left = bytes;
+        loop {
+            let part = u32::try_from(left).unwrap_or(u32::MAX);
+            self.record(CONTENT_BYTES, part);
+            left -= u64::from(part);
+            if left == 0 {
+                return;
+            }
+        }
     }
 }
 
