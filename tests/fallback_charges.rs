@@ -211,3 +211,63 @@ async fn a_programs_settlement_of_a_local_reservation_gives_the_primary_nothing(
         .unwrap();
     assert_eq!(tokens_left().await, 400, "the primary never charged it");
 }
+
+/// While the primary is down each of 4 instances has a quarter of the
+/// tokens (250 a minute, 500 an hour). A handler reserves 1,000 (the
+/// client's `max_tokens`): the local limiter takes its whole minute band,
+/// 250, in both bands, and the handler records 700 used. The 450 beyond
+/// what was taken are charged (into the local debt), never given back as
+/// if 1,000 had been taken: the next request waits for the debt.
+#[tokio::test]
+async fn a_reservation_above_the_local_share_charges_what_was_used() {
+    let flaky = Flaky::default();
+    flaky.down.store(true, Ordering::SeqCst);
+    let storage = Fallback::builder(flaky)
+        .instances(4)
+        .failures_to_switch(1)
+        .build();
+    let tiers = RateTier::builder()
+        .tier("llm", Quota::per_minute(100))
+        .tier_unit(
+            "llm",
+            "tokens",
+            [Quota::per_minute(1_000), Quota::per_hour(2_000)],
+        )
+        .clock(FakeClock::new())
+        .storage(storage.clone())
+        .build();
+    let app = Router::new()
+        .route(
+            "/",
+            get(|usage: TierUsage| async move {
+                usage.reserve("tokens", 1_000).await?;
+                usage.record("tokens", 700);
+                Ok::<_, TierRefusal>("ok")
+            }),
+        )
+        .layer(TierLimitLayer::new(tiers.clone()).identifier_fn(|_| Some(TierIdentity::new("ada", "llm"))));
+    let first = send(&app, Request::get("/").body(Body::empty()).unwrap()).await;
+    assert_eq!(first.status, StatusCode::OK);
+    assert!(storage.is_local());
+    let next = send(&app, Request::get("/").body(Body::empty()).unwrap()).await;
+    assert_eq!(
+        next.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "700 used of a 250-token share"
+    );
+    let peek = tiers.reserve("ada", "llm", "tokens", 0).await.unwrap();
+    let bands: Vec<_> = match &peek {
+        Ok(info) => info.bands().collect(),
+        Err(limited) => limited.bands().collect(),
+    };
+    let tokens: Vec<_> = bands
+        .iter()
+        .filter(|(q, _)| q.unit().as_str() == "tokens")
+        .collect();
+    // the minute band: 250 taken and 250 of debt (the rest forgiven); the
+    // hour band: 700 of its 500, 200 in debt
+    assert!(
+        tokens.iter().all(|(_, s)| s.remaining == 0 && s.debt_ns > 0),
+        "{tokens:?}"
+    );
+}

@@ -57,7 +57,14 @@ impl Charge {
         };
         match decided {
             Ok(Ok(info)) => {
-                self.add_reserved(unit, n, info.source());
+                // what a fallback's local limiter did not take of it
+                let not_taken = info
+                    .bands()
+                    .filter(|(quota, _)| quota.unit().as_str() == unit)
+                    .map(|(_, state)| state.forgiven)
+                    .max()
+                    .unwrap_or(0);
+                self.add_reserved(unit, n - not_taken.min(n), info.source());
                 Ok(())
             }
             Ok(Err(limited)) if shadowed => {

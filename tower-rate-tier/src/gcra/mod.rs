@@ -68,7 +68,10 @@ pub struct BandState {
     pub debt_ns: u64,
     /// Whole units of a forced charge that the band's debt bound did not
     /// take (forgiven, for the caller to report); 0 for any other amount, or
-    /// when the whole charge was taken.
+    /// when the whole charge was taken. For a unit's reservation admitted by
+    /// a [`Fallback`](crate::storage::Fallback)'s local limiter, the units
+    /// its share could not take (it took its whole local band): settle
+    /// what was taken.
     pub forgiven: u32,
 }
 

@@ -62,7 +62,12 @@ impl Shared {
             Local::Named(at) => self.local.decide(at.user(&user), &scaled, op, call.clock),
         };
         match decided.into_ready() {
-            Ok(decided) => decided.map(|d| d.with_source(DecisionSource::Fallback)),
+            Ok(decided) => decided.map(|mut d| {
+                if d.allowed {
+                    not_taken(&mut d, call.op, op);
+                }
+                d.with_source(DecisionSource::Fallback)
+            }),
             Err(_) => Err(StorageError::new(
                 StorageErrorKind::Other,
                 "the local fallback limiter did not decide at once",
@@ -96,22 +101,28 @@ pub(super) fn scale_slots(slots: Slots, share: f64) -> Slots {
 }
 
 /// `amounts` for the local limiter's `scaled` bands: each debt bound scaled
-/// to the share, and a unit's reservation larger than its local band
-/// (which the share could never fit: a 429 whose wait never comes true)
-/// asked as the whole local band instead (it fits once the band is full
-/// again, and its wait says when).
+/// to the share, and a unit's reservation larger than one of its local
+/// bands (which the share could never fit: a 429 whose wait never comes
+/// true) asked as the smallest of those bands instead, in every band of the
+/// unit (it fits once that band is full again, and its wait says when; the
+/// decision says what was not taken, see [`not_taken`]).
 pub(super) fn scale_debts(amounts: Amounts, share: f64, scaled: &[Quota]) -> Amounts {
     if share >= 1.0 {
         return amounts;
     }
+    let band = |i: usize| scaled.get(i).copied().unwrap_or(Quota::unlimited());
     let mut local = Amounts::new();
-    for ((amount, debt), quota) in amounts
-        .iter()
-        .zip(scaled.iter().chain(std::iter::repeat(&Quota::unlimited())))
-    {
+    for (i, (amount, debt)) in amounts.iter().enumerate() {
         let amount = match amount {
-            Amount::Charge(n) if debt > 0 && !quota.is_unlimited() && n > quota.burst() => {
-                Amount::Charge(quota.burst())
+            Amount::Charge(n) if debt > 0 => {
+                let unit = band(i).unit();
+                // the most every band of the unit reserving `n` can take
+                let fits = (0..amounts.len())
+                    .filter(|&j| band(j).unit() == unit && !band(j).is_unlimited())
+                    .filter(|&j| matches!(amounts.get(j), (Amount::Charge(m), d) if m == n && d > 0))
+                    .map(|j| band(j).burst())
+                    .fold(n, u32::min);
+                Amount::Charge(fits)
             }
             other => other,
         };
@@ -119,6 +130,21 @@ pub(super) fn scale_debts(amounts: Amounts, share: f64, scaled: &[Quota]) -> Amo
         local.push(amount, (f64::from(debt) * share).ceil() as u32);
     }
     local
+}
+
+/// Tells, in the band states of `decision` (admitted), how much of each
+/// reservation `asked` made the local limiter did not take (`local`, the
+/// operation it carried out, asked less): [`BandState::forgiven`] of the
+/// reservation's bands, so that what was taken is what a settlement gives
+/// back.
+///
+/// [`BandState::forgiven`]: crate::storage::BandState::forgiven
+fn not_taken(decision: &mut Decision, asked: Op, local: Op) {
+    for (i, state) in decision.bands.iter_mut().enumerate() {
+        if let ((Amount::Charge(n), _), (Amount::Charge(taken), _)) = (asked.band(i), local.band(i)) {
+            state.forgiven = n.saturating_sub(taken);
+        }
+    }
 }
 
 /// Where the local limiter keeps a tier.
