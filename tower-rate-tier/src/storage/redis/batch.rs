@@ -28,8 +28,8 @@
 //!   empty, or holds less than its share while another call is in flight
 //!   (whose end takes it). A turn dropped early (its caller gave up, the
 //!   runtime ended) passes on too, so a queued decision is never stranded.
-//! * Timeouts stay per decision: a queued decision fails with
-//!   `Timeout` once its own timeout has passed since it was asked for; a
+//! * Timeouts stay per decision: a queued decision fails with `Timeout`
+//!   once its own timeout has passed since it was first awaited; a
 //!   decision whose caller has gone is never sent; a batch that failed or
 //!   timed out is never sent again (a `NOSCRIPT` reply, which means it did
 //!   not run, is answered by sending the script, as for a single call).
@@ -330,7 +330,7 @@ async fn flush(mut turn: Turn, mut batch: Vec<Waiting>) {
 /// goes to the primary of its first decision's slot (the node of this
 /// queue, unless that slot has moved since), and a decision whose key that
 /// node does not serve (it moved, or is moving) is sent again alone, routed
-/// by its keys, once the others are answered.
+/// by its keys, once the others are answered ([`resend`]).
 async fn send(inner: &Arc<Inner>, batcher: &Batcher, batch: Vec<Waiting>) {
     if batch.len() <= 1 {
         return alone(inner, batch).await;
@@ -402,7 +402,7 @@ async fn send(inner: &Arc<Inner>, batcher: &Batcher, batch: Vec<Waiting>) {
                 }
                 if let (Some(nodes), false) = (nodes, moved.is_empty()) {
                     nodes.refresh(inner);
-                    alone(inner, moved).await;
+                    resend(inner, moved).await;
                 }
             }
             None => {
@@ -441,6 +441,20 @@ async fn alone(inner: &Arc<Inner>, batch: Vec<Waiting>) {
         if let Some(decided) = decided {
             let _ = reply.send(decided);
         }
+    }
+}
+
+/// The decisions of a batch whose keys its node did not serve, each sent
+/// again alone ([`alone`]) in a task of its own: a key stuck in a slot
+/// being moved (`TRYAGAIN` until the move goes on) holds up its own
+/// callers only, never the node's queue, whose turn this call gives back.
+async fn resend(inner: &Arc<Inner>, moved: Vec<Waiting>) {
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => {
+            let inner = inner.clone();
+            runtime.spawn(async move { alone(&inner, moved).await });
+        }
+        Err(_) => alone(inner, moved).await,
     }
 }
 

@@ -117,6 +117,13 @@ impl RedisStorageBuilder {
     /// made](super#how-a-decision-is-made)). Off: one script call per
     /// decision. On a Redis Cluster, per primary (Redis 7.0 or later; see
     /// [Redis Cluster](super#redis-cluster)).
+    ///
+    /// A decision takes its place when it is asked for, and the first one
+    /// asked for while no call is in flight is sent when it is first
+    /// awaited. A program that asks for several decisions (the layer asks
+    /// for one per request and awaits it at once) awaits them in the order
+    /// it asked, or together (`join`): one awaited while an earlier one is
+    /// not waits for it, up to its timeout.
     pub fn batching(mut self, on: bool) -> Self {
         self.batching = on;
         self
