@@ -271,3 +271,77 @@ async fn a_reservation_above_the_local_share_charges_what_was_used() {
         "{tokens:?}"
     );
 }
+
+/// While the primary is down each of 4 instances has 25 of 100 requests a
+/// minute. A request answered 500 is given back (`refund_on`), and its
+/// response says what the local limiter holds then: its share whole, 25,
+/// as the next response (24 left) confirms; not 97, counted from the
+/// tier's quota of 100.
+#[tokio::test]
+async fn a_refunded_response_counts_from_the_local_share() {
+    let flaky = Flaky::default();
+    flaky.down.store(true, Ordering::SeqCst);
+    let storage = Fallback::builder(flaky)
+        .instances(4)
+        .failures_to_switch(1)
+        .build();
+    let tiers = RateTier::builder()
+        .tier("free", Quota::per_minute(100))
+        .clock(FakeClock::new())
+        .storage(storage.clone())
+        .build();
+    let app = Router::new()
+        .route("/fail", get(|| async { StatusCode::INTERNAL_SERVER_ERROR }))
+        .route("/ok", get(|| async { "ok" }))
+        .layer(
+            TierLimitLayer::new(tiers.clone())
+                .identifier_fn(|_| Some(TierIdentity::new("ada", "free")))
+                .refund_on(|status| status.is_server_error()),
+        );
+    let failed = send(&app, Request::get("/fail").body(Body::empty()).unwrap()).await;
+    assert_eq!(failed.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(storage.is_local());
+    assert_eq!(failed.remaining(), Some(25));
+    assert!(failed.header("ratelimit").unwrap().starts_with("\"free\";r=25"));
+    let ok = send(&app, Request::get("/ok").body(Body::empty()).unwrap()).await;
+    assert_eq!(ok.remaining(), Some(24));
+}
+
+/// A unit's refusal while the primary is down (the request bands' share:
+/// 25 of 100): the 429 says the request bands as they stand once its own
+/// charge is given back, from the local share: 25 left, not 99.
+#[tokio::test]
+async fn a_units_refusal_counts_the_request_bands_from_the_local_share() {
+    let flaky = Flaky::default();
+    flaky.down.store(true, Ordering::SeqCst);
+    let storage = Fallback::builder(flaky)
+        .instances(4)
+        .failures_to_switch(1)
+        .build();
+    let tiers = RateTier::builder()
+        .tier("llm", Quota::per_minute(100))
+        .tier_unit("llm", "tokens", Quota::per_minute(1_000))
+        .clock(FakeClock::new())
+        .storage(storage.clone())
+        .build();
+    let app = Router::new()
+        .route(
+            "/",
+            get(|usage: TierUsage| async move {
+                usage.reserve("tokens", 200).await?;
+                Ok::<_, TierRefusal>("ok")
+            }),
+        )
+        .layer(TierLimitLayer::new(tiers.clone()).identifier_fn(|_| Some(TierIdentity::new("ada", "llm"))));
+    // the local share of tokens is 250: the first 200 fit, the next do not
+    assert_eq!(
+        send(&app, Request::get("/").body(Body::empty()).unwrap())
+            .await
+            .status,
+        StatusCode::OK
+    );
+    let refused = send(&app, Request::get("/").body(Body::empty()).unwrap()).await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    let field = refused.header("ratelimit").unwrap();
+    assert!(field.starts_with("\"llm\";r=24"), "{field}");
+}

@@ -166,3 +166,41 @@ async fn wrappers_around_redis_compose_under_the_layer() {
     assert_eq!(outer.counts(), (4, 0));
     assert_eq!(inner.counts(), (4, 0));
 }
+
+/// A request answered 500 and given back (`refund_on`) through Redis, whose
+/// intervals are whole microseconds (`per_minute(7)`'s is not a whole
+/// number of nanoseconds either): the response says what Redis holds after
+/// the refund, 7, not one less.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refunded_response_says_what_redis_holds() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let redis = RedisStorage::builder(server.url()).connect().await.unwrap();
+    let tiers = RateTier::builder()
+        .tier("free", Quota::per_minute(7))
+        .storage(redis)
+        .build();
+    let app = Router::new()
+        .route("/fail", get(|| async { http::StatusCode::INTERNAL_SERVER_ERROR }))
+        .layer(
+            TierLimitLayer::new(tiers.clone())
+                .identifier_fn(identity)
+                .refund_on(|status| status.is_server_error()),
+        );
+    let request = Request::get("/fail")
+        .header("x-user", "ada")
+        .body(Body::empty())
+        .unwrap();
+    let failed = app.oneshot(request).await.unwrap();
+    assert_eq!(failed.status(), http::StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(failed.headers()["x-ratelimit-remaining"], "7");
+    // the refund is given back in a task of its own
+    for _ in 0..100 {
+        if tiers.check("ada", "free", 0).await.unwrap().unwrap().remaining == 7 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("Redis never got the refund");
+}

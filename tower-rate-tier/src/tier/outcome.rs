@@ -195,20 +195,24 @@ impl RateLimitInfo {
     }
 }
 
-/// The request bands' `states` after `units` were given back (same
-/// instant); a unit band's state is left as it is.
+/// The request bands' `states` after `units` that the decision charged
+/// were given back (same instant); a unit band's state is left as it is.
+///
+/// `remaining` grows by `units` exactly, whatever quota the storage decided
+/// with (a fallback's local share, Redis's intervals in whole
+/// microseconds): the decision took them from it. The times are computed
+/// with the tier's quota, which the storage's may differ from.
 pub(crate) fn refund_requests(states: &mut [BandState], tier: &TierEntry, units: u32) {
     if tier.unlimited {
         return;
     }
     for (state, quota) in states.iter_mut().zip(tier.bands.iter()) {
         let interval = u128::from(quota.emission_interval_nanos());
-        let tolerance = interval * u128::from(quota.burst());
         let used = u128::from(state.reset_after_ns).saturating_sub(interval * u128::from(units));
         state.reset_after_ns = u64::try_from(used).unwrap_or(u64::MAX);
         state.more_after_ns =
             crate::gcra::next_unit_after(state.reset_after_ns, quota.emission_interval_nanos());
-        state.remaining = u32::try_from((tolerance - used.min(tolerance)) / interval).unwrap_or(u32::MAX);
+        state.remaining = state.remaining.saturating_add(units).min(quota.burst());
     }
 }
 
