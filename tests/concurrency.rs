@@ -20,6 +20,9 @@ use tower_rate_tier::{Quota, RateTier, TierIdentity, TierLimitLayer};
 use tower_rate_tier_tests::bodies::Endless;
 use tower_rate_tier_tests::reply::{Reply, header_identity, send};
 
+#[path = "concurrency/fallback_slots.rs"]
+mod fallback_slots;
+
 const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
 
 /// `/stream` answers an endless body; `/` answers at once; `/hang` never

@@ -20,6 +20,9 @@ use tower_rate_tier::storage::{
 use tower_rate_tier::{OnMissing, OnStorageError, OnUnknownTier, Quota, RateTier, TierLimitLayer};
 use tower_rate_tier_tests::reply::{header_identity, send};
 
+#[path = "request_metrics/metered_fallback.rs"]
+mod metered_fallback;
+
 /// Every metric of a snapshot: (name, sorted labels) -> value.
 type Metrics = BTreeMap<(String, Vec<(String, String)>), DebugValue>;
 

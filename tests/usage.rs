@@ -909,6 +909,33 @@ async fn a_refused_requests_reservation_of_another_unit_comes_back() {
     assert_eq!(after, requests, "the request's own charge comes back");
 }
 
+/// A handler that reserved tokens, did its work, then met a unit the tier
+/// does not count (its `TierRefusal` is a 500, not a refusal for want of
+/// quota): its reservation stays charged, as any failed handler's does.
+#[tokio::test]
+async fn a_failed_handlers_reservation_stays_charged_even_through_a_tier_refusal() {
+    let clock = FakeClock::new();
+    let tiers = tiers(&clock);
+    let app = Router::new()
+        .route(
+            "/",
+            get(|usage: TierUsage| async move {
+                usage.reserve("tokens", 300).await?;
+                // ... the work the tokens stood for is done here ...
+                usage.reserve("imgaes", 1).await?; // a typo: the 500 that names it
+                Ok::<_, TierRefusal>("ok")
+            }),
+        )
+        .layer(TierLimitLayer::new(tiers.clone()).identifier_fn(header_identity));
+    let reply = send(&app, get_as("ada", "/")).await;
+    assert_eq!(reply.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(
+        left(&tiers, "ada", "tokens").await,
+        700,
+        "a reservation of a handler that failed (not a 429) stays charged"
+    );
+}
+
 /// A reservation above a unit's burst is answered 403 by the limiter (its
 /// request stays counted, so that asking for too much is never free); the
 /// 403's body is the limiter's content and counts nothing as

@@ -570,3 +570,59 @@ async fn while_redis_is_down_each_instance_has_its_share_of_the_slots() {
     assert_eq!(allowed, [true, true, false], "{taken:?}");
     assert_eq!(taken[2].slots.unwrap().limit, 2);
 }
+
+/// Redis stalls just past the storage timeout (a fork for a save, a slow
+/// command, a network hiccup): the acquires time out here (the requests
+/// pass uncounted, `OnStorageError::Allow`) and run when Redis resumes.
+/// Their leases are given back after them, so once every response is over
+/// the user is admitted again, well before the lease (6 s) would have
+/// freed the slots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquires_that_timed_out_give_their_slots_back() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let redis = RedisStorage::builder(server.url())
+        .timeout(Duration::from_millis(200))
+        .connect()
+        .await
+        .unwrap();
+    let tiers = RateTier::builder()
+        .tier("free", Quota::per_minute(1_000))
+        .tier_concurrency("free", 2)
+        .concurrency_lease(Duration::from_secs(6))
+        .storage(redis)
+        .build();
+    let app = Router::new()
+        .route("/", routing::get(|| async { "ok" }))
+        .layer(TierLimitLayer::new(tiers).identifier_fn(identity));
+    let get = |user: &str| {
+        Request::get("/")
+            .header("x-user", user)
+            .body(Body::empty())
+            .unwrap()
+    };
+    assert_eq!(
+        app.clone().oneshot(get("warm")).await.unwrap().status(),
+        StatusCode::OK
+    );
+    server.pause(true);
+    for _ in 0..2 {
+        let response = app.clone().oneshot(get("ada")).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "let through uncounted");
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    server.pause(false);
+    let resumed = Instant::now();
+    loop {
+        let status = app.clone().oneshot(get("ada")).await.unwrap().status();
+        if status == StatusCode::OK {
+            break;
+        }
+        assert!(
+            resumed.elapsed() < Duration::from_secs(3),
+            "locked out with nothing in flight"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -184,10 +184,11 @@ impl Charge {
         self.give_back_reserved(unit, parts);
     }
 
-    /// The request was refused (a 429 of its own or of a limiter further
-    /// in), and a refused request consumes nothing: every reservation the
-    /// handler left unsettled is given back, whichever unit refused it.
-    pub(crate) fn refused(&self) {
+    /// The request was refused for want of quota (a 429 of its own or of a
+    /// limiter further in), and such a request consumes nothing: every
+    /// reservation the handler left unsettled is given back, whichever unit
+    /// refused it.
+    pub(crate) fn give_back_unrecorded(&self) {
         let reserved = std::mem::take(&mut self.lock().reserved);
         for (id, parts) in reserved {
             if let Some(bands) = self.tier.units.iter().find(|bands| bands.unit.id() == id) {

@@ -76,12 +76,14 @@ pub(crate) fn finish<B>(
     let meter = charge.and_then(|charge| {
         charge.finish(&mut response);
         let extensions = response.extensions();
-        if extensions.get::<crate::body::Refusal>().is_some() {
-            // refused: nothing the handler reserved is consumed
-            charge.refused();
+        let refusal = extensions.get::<crate::body::Refusal>().is_some();
+        if refusal && response.status() == http::StatusCode::TOO_MANY_REQUESTS {
+            // refused for want of quota: nothing the handler reserved is
+            // consumed
+            charge.give_back_unrecorded();
             return None;
         }
-        if extensions.get::<crate::body::LimiterContent>().is_some() {
+        if refusal || extensions.get::<crate::body::LimiterContent>().is_some() {
             // the limiter's own content counts nothing
             charge.refused_content();
             return None;

@@ -63,10 +63,20 @@ enum Call {
     /// A decision: its source moves the deny cache's hits and the
     /// fallback's gauge.
     Decision,
-    /// A refund: timed and its failures counted, its source none of the
-    /// above (a refund of a local charge is answered by the fallback
-    /// whoever decides now).
-    Refund,
+    /// A refund or a slot given back: timed and its failures counted, its
+    /// source none of the above (a refund of a local charge is answered by
+    /// the fallback whoever decides now, and a release by the primary too).
+    GiveBack,
+}
+
+impl Call {
+    /// What a call carrying out `op` is.
+    fn of(op: Op) -> Call {
+        match op {
+            Op::Release(_) | Op::Refund(_) => Call::GiveBack,
+            _ => Call::Decision,
+        }
+    }
 }
 
 impl Probe {
@@ -74,7 +84,7 @@ impl Probe {
         self.duration.record(started.elapsed().as_secs_f64());
         match result {
             Err(error) => self.errors[kind_index(error.kind())].increment(1),
-            Ok(_) if call == Call::Refund => {}
+            Ok(_) if call == Call::GiveBack => {}
             Ok(decision) => match decision.source {
                 DecisionSource::DenyCache => self.deny_cache_hits.increment(1),
                 DecisionSource::Fallback => self.fallback_active.set(1.0),
@@ -135,7 +145,7 @@ impl<S: Storage> Storage for MeteredStorage<S> {
     fn decide(&self, key: StorageKey<'_>, bands: &[Quota], op: Op, clock: &Arc<dyn Clock>) -> Decide {
         let started = Instant::now();
         let decided = self.inner.decide(key, bands, op, clock);
-        self.probe.time(started, Call::Decision, decided)
+        self.probe.time(started, Call::of(op), decided)
     }
 
     fn refund(
@@ -148,7 +158,7 @@ impl<S: Storage> Storage for MeteredStorage<S> {
     ) -> Decide {
         let started = Instant::now();
         let refunded = self.inner.refund(key, bands, op, decided_by, clock);
-        self.probe.time(started, Call::Refund, refunded)
+        self.probe.time(started, Call::GiveBack, refunded)
     }
 
     /// The tier in the wrapped storage, when it prepares it, with its calls
@@ -172,7 +182,7 @@ impl TierScope for MeteredScope {
     fn decide(&self, user: &str, bands: &[Quota], op: Op, clock: &Arc<dyn Clock>) -> Decide {
         let started = Instant::now();
         let decided = self.inner.decide(user, bands, op, clock);
-        self.probe.time(started, Call::Decision, decided)
+        self.probe.time(started, Call::of(op), decided)
     }
 
     fn refund(
@@ -185,13 +195,13 @@ impl TierScope for MeteredScope {
     ) -> Decide {
         let started = Instant::now();
         let refunded = self.inner.refund(user, bands, op, decided_by, clock);
-        self.probe.time(started, Call::Refund, refunded)
+        self.probe.time(started, Call::GiveBack, refunded)
     }
 
     fn release(&self, user: &str, bands: &[Quota], lease: Lease, clock: &Arc<dyn Clock>) -> Option<Decide> {
         let started = Instant::now();
         let released = self.inner.release(user, bands, lease, clock)?;
-        Some(self.probe.time(started, Call::Decision, released))
+        Some(self.probe.time(started, Call::GiveBack, released))
     }
 }
 

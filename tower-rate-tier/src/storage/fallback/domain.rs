@@ -61,6 +61,13 @@ impl Shared {
         state.probe_at.map(|_| state.epoch)
     }
 
+    /// The spell of `domain`'s local state whenever it has one: it answers
+    /// locally, or answered a failure locally before it switched, or an
+    /// outage of it ended (its state kept for a new one to continue).
+    pub(super) fn known_epoch(&self, domain: u64) -> Option<u64> {
+        self.domains.get(&domain).map(|state| state.epoch)
+    }
+
     /// Locally while the domain has switched, except for a probe that is due.
     pub(super) fn route(&self, domain: u64, clock: &Arc<dyn Clock>) -> Route {
         if self.troubled.load(Ordering::Relaxed) == 0 {

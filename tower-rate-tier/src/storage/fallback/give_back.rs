@@ -38,24 +38,40 @@ impl Shared {
 
     /// Gives back the slot of `lease` that `call`'s user took in the tier
     /// `at`, where it was taken, which its lease does not say: in the local
-    /// limiter while the key's domain answers locally, and in the primary
-    /// always (`primary` gives it back there; a lease one of them never
-    /// gave is nothing to it). A release the primary cannot take is left to
-    /// the lease.
-    pub(super) fn release<R>(
+    /// limiter whenever the key's domain has local state (it answers
+    /// locally, or answered a failure locally before it switched, or since
+    /// an outage that ended), and in the primary always (`primary` gives it
+    /// back there; a lease one of them never gave is nothing to it).
+    ///
+    /// While the domain answers locally, the local answer is the answer:
+    /// the primary's release is sent on its own, its failure left to the
+    /// lease, and never waited for nor reported as the release's. Else the
+    /// primary's answer is (a release it cannot take is left to the lease).
+    pub(super) fn release(
         &self,
         at: ScopeKey<'_>,
         local: Local<'_>,
         call: Call<'_>,
         lease: Lease,
-        primary: impl FnOnce(Lease) -> R,
-    ) -> R {
-        if let Some(epoch) = self.local_epoch(self.domain(at, call.user)) {
+        primary: impl FnOnce(Lease) -> Option<Decide>,
+    ) -> Option<Decide> {
+        let domain = self.domain(at, call.user);
+        if let Some(epoch) = self.known_epoch(domain) {
             let call = Call {
                 op: Op::Release(lease),
                 ..call
             };
-            let _ = self.answer_locally(local, call, epoch);
+            let released = self.answer_locally(local, call, epoch);
+            if self.local_epoch(domain).is_some() {
+                if let Some(pending) = primary(lease).map(Decide::into_ready).and_then(Result::err)
+                    && let Ok(runtime) = tokio::runtime::Handle::try_current()
+                {
+                    runtime.spawn(async move {
+                        let _ = pending.await;
+                    });
+                }
+                return Some(Decide::ready(released));
+            }
         }
         primary(lease)
     }

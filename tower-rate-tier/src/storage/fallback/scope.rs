@@ -59,9 +59,10 @@ impl TierScope for FallbackScope {
             clock,
         };
         if let Op::Release(lease) = op {
-            return self.shared.release(self.at(), local, call, lease, |lease| {
-                self.primary.decide(user, bands, Op::Release(lease), clock)
+            let released = self.shared.release(self.at(), local, call, lease, |lease| {
+                Some(self.primary.decide(user, bands, Op::Release(lease), clock))
             });
+            return released.unwrap_or_else(|| super::released_now(clock));
         }
         self.shared.decide(self.at(), local, call, |op| {
             self.primary.decide(user, bands, op, clock)

@@ -139,7 +139,13 @@ pub(super) fn send(inner: &Arc<Inner>, key: StorageKey<'_>, bands: &[Quota], op:
                 bands: (!unlimited).then(|| Args::new(&inner.keys, key, bands, op.on_bands(), now)),
             };
             Decide::pending(async move {
-                let (slot, in_use, decision) = call(&inner, &args, Attempt::Acquire).await?;
+                let (slot, in_use, decision) = match call(&inner, &args, Attempt::Acquire).await {
+                    Ok(answer) => answer,
+                    Err(error) => {
+                        release_unanswered(&inner, &args, &error);
+                        return Err(error);
+                    }
+                };
                 let state = SlotState {
                     limit: slots.limit,
                     in_use,
@@ -175,6 +181,45 @@ pub(super) fn send(inner: &Arc<Inner>, key: StorageKey<'_>, bands: &[Quota], op:
             "not an operation on slots",
         ))),
     }
+}
+
+/// After an acquire that got no answer (`error`: a timeout, a connection
+/// lost) and so may still run (a stalled server carries it out later):
+/// gives its lease back, in a task of its own, a few times over a few
+/// seconds until a release is answered. The lease id is the client's, so
+/// the release removes the slot if the acquire took it and is nothing if
+/// it never ran; sent on the same connection after the acquire, it runs
+/// after it. Without it the slot would be held for its whole lease, the
+/// user refused with nothing in flight. A release that never gets through
+/// leaves the slot to its lease.
+fn release_unanswered(inner: &Arc<Inner>, acquire: &SlotArgs, error: &StorageError) {
+    if !matches!(
+        error.kind(),
+        StorageErrorKind::Timeout | StorageErrorKind::Unavailable
+    ) {
+        return;
+    }
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let release = SlotArgs {
+        key: acquire.key.clone(),
+        mode: "r",
+        now: acquire.now,
+        lease: acquire.lease,
+        limit: 0,
+        lease_us: 0,
+        bands: None,
+    };
+    let inner = inner.clone();
+    runtime.spawn(async move {
+        for attempt in 0..5u32 {
+            if call(&inner, &release, Attempt::Release).await.is_ok() {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100 << attempt)).await;
+        }
+    });
 }
 
 /// What a `slots.lua` call did with the slot.
