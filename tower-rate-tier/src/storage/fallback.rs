@@ -243,7 +243,7 @@ impl<S: Storage> Storage for Fallback<S> {
             let released = self.shared.release(at, Local::Named(at), call, lease, |lease| {
                 Some(self.primary.decide(key, bands, Op::Release(lease), clock))
             });
-            return released.unwrap_or_else(|| released_now(clock));
+            return released.unwrap_or_else(|| give_back::released_now(clock));
         }
         self.shared.decide(at, Local::Named(at), call, |op| {
             self.primary.decide(key, bands, op, clock)
@@ -283,11 +283,6 @@ impl<S: Storage> Storage for Fallback<S> {
         let primary = super::scope::prepare(&primary, at);
         Some(Arc::new(FallbackScope::new(primary, &self.shared, at)))
     }
-}
-
-/// A release answered at once with nothing to tell.
-fn released_now(clock: &Arc<dyn Clock>) -> Decide {
-    Decide::ready(Ok(Decision::new(true, clock.now(), super::BandStates::new())))
 }
 
 impl Shared {

@@ -62,7 +62,7 @@ impl TierScope for FallbackScope {
             let released = self.shared.release(self.at(), local, call, lease, |lease| {
                 Some(self.primary.decide(user, bands, Op::Release(lease), clock))
             });
-            return released.unwrap_or_else(|| super::released_now(clock));
+            return released.unwrap_or_else(|| super::give_back::released_now(clock));
         }
         self.shared.decide(self.at(), local, call, |op| {
             self.primary.decide(user, bands, op, clock)
