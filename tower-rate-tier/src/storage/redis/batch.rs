@@ -49,6 +49,9 @@ use super::error::{Attempt, redis_error, timeout_error};
 use super::script::{Args, BATCH, CLUSTER_BATCH, Script};
 use super::{Batching, Inner, keys, nodes};
 
+mod alone;
+use alone::{alone_in_turn, resend};
+
 /// How many calls one storage has in flight at most.
 const MAX_IN_FLIGHT: usize = 2;
 
@@ -166,11 +169,20 @@ pub(super) fn submit(inner: &Arc<Inner>, batcher: &Arc<Batcher>, (args, attempt)
         state.unsent = true;
         drop(state);
         let mut turn = Turn::new(inner.clone(), batcher.clone(), 1);
+        let inner = inner.clone();
         return Decide::pending(async move {
-            let call = turn.inner.clone().call((args, attempt));
+            let deadline = tokio::time::Instant::now() + inner.timeout;
+            let call = inner.call_in_turn(&args, attempt);
             let decided = handed(&turn.batcher, &mut turn.unsent, call).await;
             drop(turn);
-            decided
+            match decided {
+                Some(decided) => decided,
+                // redirected (its slot is moving): sent again once the turn
+                // is given back, within what is left of the timeout
+                None => tokio::time::timeout_at(deadline, inner.clone().call((args, attempt)))
+                    .await
+                    .unwrap_or_else(|_| Err(timeout_error(attempt, inner.timeout))),
+            }
         });
     }
     let (reply, answer) = oneshot::channel();
@@ -333,7 +345,7 @@ async fn flush(mut turn: Turn, mut batch: Vec<Waiting>) {
 /// by its keys, once the others are answered ([`resend`]).
 async fn send(inner: &Arc<Inner>, batcher: &Batcher, batch: Vec<Waiting>) {
     if batch.len() <= 1 {
-        return alone(inner, batch).await;
+        return alone_in_turn(inner, batch).await;
     }
     let nodes = match &inner.batching {
         Batching::Cluster(nodes) => Some(nodes),
@@ -370,7 +382,7 @@ async fn send(inner: &Arc<Inner>, batcher: &Batcher, batch: Vec<Waiting>) {
             Some(nodes) if nodes::refuses_script(&error) => {
                 nodes.refuse();
                 drop(args);
-                alone(inner, batch).await;
+                alone_in_turn(inner, batch).await;
             }
             Some(nodes) => {
                 // the node may be gone, its slots served elsewhere soon
@@ -415,46 +427,6 @@ async fn send(inner: &Arc<Inner>, batcher: &Batcher, batch: Vec<Waiting>) {
                 }
             }
         },
-    }
-}
-
-/// Each decision of `batch` as a call of its own, in order (on a Cluster
-/// routed by its keys: the driver follows `MOVED` and `ASK`). A call ends
-/// when its caller gives up (its own timeout, counted from when it asked,
-/// has passed): a decision sent again after a redirection is not sent once
-/// more for no one, and the decisions after it are not held up.
-async fn alone(inner: &Arc<Inner>, batch: Vec<Waiting>) {
-    for Waiting {
-        args,
-        attempt,
-        mut reply,
-    } in batch
-    {
-        let mut call = pin!(inner.clone().call((args, attempt)));
-        let decided = poll_fn(|cx| {
-            if reply.poll_closed(cx).is_ready() {
-                return Poll::Ready(None);
-            }
-            call.as_mut().poll(cx).map(Some)
-        })
-        .await;
-        if let Some(decided) = decided {
-            let _ = reply.send(decided);
-        }
-    }
-}
-
-/// The decisions of a batch whose keys its node did not serve, each sent
-/// again alone ([`alone`]) in a task of its own: a key stuck in a slot
-/// being moved (`TRYAGAIN` until the move goes on) holds up its own
-/// callers only, never the node's queue, whose turn this call gives back.
-async fn resend(inner: &Arc<Inner>, moved: Vec<Waiting>) {
-    match tokio::runtime::Handle::try_current() {
-        Ok(runtime) => {
-            let inner = inner.clone();
-            runtime.spawn(async move { alone(&inner, moved).await });
-        }
-        Err(_) => alone(inner, moved).await,
     }
 }
 

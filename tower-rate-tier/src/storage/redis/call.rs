@@ -34,6 +34,26 @@ impl Inner {
         decode(value, &args.spans).map(|d| args.complete(d))
     }
 
+    /// One script call within the timeout, as a call that holds its node's
+    /// turn to send makes it: `None` when the node redirected it (its slot
+    /// is moving or moved), for the caller to give the turn back before it
+    /// sends the decision again ([`Inner::call`] follows redirections until
+    /// the timeout).
+    pub(super) async fn call_in_turn(
+        &self,
+        args: &Args,
+        attempt: Attempt,
+    ) -> Option<Result<Decision, StorageError>> {
+        match self
+            .query_as(&self.script, args, attempt, Redirected::Return)
+            .await
+        {
+            Ok(Ok(value)) => Some(decode(value, &args.spans).map(|d| args.complete(d))),
+            Ok(Err(error)) => Some(Err(error)),
+            Err(Moved) => None,
+        }
+    }
+
     /// One call of `script` with `args` within the timeout: its reply, or
     /// the failure of `attempt`.
     pub(super) async fn query(
@@ -42,6 +62,22 @@ impl Inner {
         args: &(impl CallArgs + Sync),
         attempt: Attempt,
     ) -> Result<Value, StorageError> {
+        match self.query_as(script, args, attempt, Redirected::Resend).await {
+            Ok(answer) => answer,
+            // (never: a redirected call is sent again until the timeout)
+            Err(Moved) => Err(timeout_error(attempt, self.timeout)),
+        }
+    }
+
+    /// [`Inner::query`], answering `Err(Moved)` at the first redirection
+    /// when `redirected` says so.
+    async fn query_as(
+        &self,
+        script: &Script,
+        args: &(impl CallArgs + Sync),
+        attempt: Attempt,
+        redirected: Redirected,
+    ) -> Result<Result<Value, StorageError>, Moved> {
         let call = async {
             let (mut refused, mut resent) = (false, 0);
             loop {
@@ -59,6 +95,9 @@ impl Inner {
                     // driver's own retry met again: the script did not run,
                     // so it is sent again, until the timeout (see
                     // `resend_pause`).
+                    Err((_, e)) if moved_on(&e) && redirected == Redirected::Return => {
+                        break Err(Moved);
+                    }
                     Err((_, e)) if moved_on(&e) => {
                         let pause = resend_pause(resent);
                         if !pause.is_zero() {
@@ -66,17 +105,30 @@ impl Inner {
                         }
                         resent += 1;
                     }
-                    other => break other,
+                    other => break Ok(other),
                 }
             }
         };
         match tokio::time::timeout(self.timeout, call).await {
-            Err(_) => Err(timeout_error(attempt, self.timeout)),
-            Ok(Err((attempt, e))) => Err(redis_error(attempt, e)),
-            Ok(Ok(value)) => Ok(value),
+            Err(_) => Ok(Err(timeout_error(attempt, self.timeout))),
+            Ok(Err(Moved)) => Err(Moved),
+            Ok(Ok(Err((attempt, e)))) => Ok(Err(redis_error(attempt, e))),
+            Ok(Ok(Ok(value))) => Ok(Ok(value)),
         }
     }
 }
+
+/// What a call does when its node redirects it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Redirected {
+    /// Sends it again, until the timeout.
+    Resend,
+    /// Answers [`Moved`].
+    Return,
+}
+
+/// A call its node redirected, not sent again.
+pub(super) struct Moved;
 
 /// How long a decision waits before it is sent again after its `resent`-th
 /// redirection (counted from 0): at once the first time, then 1 ms, 2 ms,
