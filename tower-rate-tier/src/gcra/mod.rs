@@ -70,8 +70,8 @@ pub struct BandState {
     /// take (forgiven, for the caller to report); 0 for any other amount, or
     /// when the whole charge was taken. For a unit's reservation admitted by
     /// a [`Fallback`](crate::storage::Fallback)'s local limiter, the units
-    /// its share could not take (it took its whole local band): settle
-    /// what was taken.
+    /// its share could not take (every band of the unit took the unit's
+    /// smallest local burst): settle what was taken.
     pub forgiven: u32,
 }
 

@@ -28,7 +28,10 @@
 //! the longest `Retry-After` the storage itself gave). So is a storage that
 //! lost its state (Redis restarted without persistence).
 //!
-//! Memory is bounded: entries expire when their bands are full again (an
+//! Memory is bounded: entries expire when their bands are full again, and
+//! never later than two full refills of a band (one for the band, one for
+//! a debt of a burst; a storage's answer beyond that, a bug, is not kept
+//! longer; an entry that expires early only asks the storage sooner). An
 //! expired entry is removed when next looked up, and by a sweep when the
 //! cache is full), and at most [`DenyCache::with_capacity`] keys (default
 //! [`DEFAULT_CAPACITY`]) are kept; a denial that finds the cache full after
@@ -222,7 +225,8 @@ struct Entry {
     sent_at: Nanos,
     /// The storage's time of its decision.
     decided_at: Nanos,
-    /// When every band is full again: the entry is useless from then on.
+    /// When every band is full again (at most two full refills of a band
+    /// after it was sent): the entry is useless from then on.
     expires: Nanos,
 }
 

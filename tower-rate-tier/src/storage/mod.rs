@@ -58,8 +58,8 @@
 //!         self.inner.decide(key, bands, op, clock)
 //!     }
 //!
-//!     // Passed on, so that a `Fallback` or a `DenyCache` inside still gives
-//!     // each refund back where its charge was made.
+//!     // Passed on, so that a `Fallback` inside (through a `DenyCache` too)
+//!     // gives each refund back where its charge was made.
 //!     fn refund(
 //!         &self,
 //!         key: StorageKey<'_>,

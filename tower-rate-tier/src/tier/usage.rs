@@ -73,6 +73,14 @@ impl RateTier {
     /// as [`RateTier::check`] answers. Settle it with [`RateTier::settle`]
     /// once the usage is known. `n` above the smallest burst of the unit
     /// could never fit: [`CheckError::CostExceedsLimit`].
+    ///
+    /// Through a [`Fallback`](crate::storage::Fallback) answering locally,
+    /// `n` above the local share is taken in part (every band of the unit
+    /// takes its smallest local band): the [`forgiven`] of the unit's band
+    /// states is what was not taken, and what to settle is `n` less that
+    /// ([`TierUsage`](crate::TierUsage) does this for you).
+    ///
+    /// [`forgiven`]: crate::storage::BandState::forgiven
     pub async fn reserve(&self, user: &str, tier: &str, unit: &str, n: u32) -> CheckResult {
         let entry = self.unit_tier(tier, unit)?;
         let user = UserId::new(user).ok_or(CheckError::InvalidUserId)?;
