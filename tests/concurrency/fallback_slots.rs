@@ -104,3 +104,119 @@ async fn one_request_before_the_switch_leaves_a_share_of_one_free() {
         "locked out with nothing in flight: {later:?}"
     );
 }
+
+/// A fallback whose primary and local limiter are both in memory: a slot
+/// the primary granted, released while the fallback answers locally, frees
+/// nothing of the local limiter's (their lease ids are not each other's):
+/// a user with one slot and one local stream in flight is refused a second.
+#[tokio::test]
+async fn a_primarys_lease_never_frees_a_local_slot() {
+    let flaky = tower_rate_tier_tests::flaky::Flaky::default();
+    let down = flaky.down.clone();
+    let tiers = RateTier::builder()
+        .tier("free", Quota::per_minute(100))
+        .tier_concurrency("free", 1)
+        .clock(FakeClock::new())
+        .storage(Fallback::builder(flaky).failures_to_switch(1).build())
+        .build();
+    let app = app(tiers);
+    let open = |app: &Router| {
+        let app = app.clone();
+        async move {
+            tower::ServiceExt::oneshot(app, get_as("ada", "/stream"))
+                .await
+                .unwrap()
+        }
+    };
+    // a stream in flight, its slot granted by the primary
+    let in_primary = open(&app).await;
+    assert_eq!(in_primary.status(), StatusCode::OK);
+    // the primary fails: a second stream is answered locally (the local
+    // state starts empty)
+    down.store(true, Ordering::SeqCst);
+    let in_local = open(&app).await;
+    assert_eq!(in_local.status(), StatusCode::OK);
+    // the first stream ends: its slot goes back, to both limiters
+    drop(in_primary);
+    // the local stream still holds the local limiter's only slot
+    let third = send(&app, get_as("ada", "/")).await;
+    assert_eq!(third.status, StatusCode::TOO_MANY_REQUESTS);
+    drop(in_local);
+    assert_eq!(send(&app, get_as("ada", "/")).await.status, StatusCode::OK);
+}
+
+/// A tier of one slot per user over a fallback of `primary` (share 1).
+fn one_slot_over(primary: tower_rate_tier_tests::flaky::Flaky) -> RateTier {
+    RateTier::builder()
+        .tier("free", Quota::per_minute(100))
+        .tier_concurrency("free", 1)
+        .clock(FakeClock::new())
+        .storage(Fallback::builder(primary).build())
+        .build()
+}
+
+/// A stream of `user`, held open until its response is dropped.
+async fn open_stream(app: &Router, user: &str) -> http::Response<Body> {
+    tower::ServiceExt::oneshot(app.clone(), get_as(user, "/stream"))
+        .await
+        .unwrap()
+}
+
+/// A short request the primary admits after a blip gives its lease back to
+/// the local limiter too (the domain has local state): it frees nothing
+/// there, where a stream answered in the blip still holds the only slot,
+/// and the next blip (the same spell, within `continue_within`) refuses a
+/// second stream.
+#[tokio::test]
+async fn a_primarys_release_frees_no_local_slot_someone_holds() {
+    let primary = tower_rate_tier_tests::flaky::Flaky::default();
+    let down = primary.down.clone();
+    let app = app(one_slot_over(primary));
+
+    // a blip: one failure (no switch), answered locally: local lease 1
+    down.store(true, Ordering::SeqCst);
+    let a = open_stream(&app, "ada").await;
+    assert_eq!(a.status(), StatusCode::OK);
+
+    // back: the primary (which never saw A) admits a short request under
+    // its own lease 1, and it ends
+    down.store(false, Ordering::SeqCst);
+    assert_eq!(send(&app, get_as("ada", "/")).await.status, StatusCode::OK);
+
+    // another blip within continue_within: the same spell's local state,
+    // where A still holds the only slot
+    down.store(true, Ordering::SeqCst);
+    let c = open_stream(&app, "ada").await;
+    assert_eq!(
+        c.status(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "A's local stream is still open (limit 1), yet a second stream was admitted locally"
+    );
+    drop(a);
+}
+
+/// A stream that took its slot locally ends after the primary is back: its
+/// release, given to the primary too, frees nothing there, where another
+/// stream of the user holds the only slot.
+#[tokio::test]
+async fn a_local_release_frees_no_primary_slot_someone_holds() {
+    let primary = tower_rate_tier_tests::flaky::Flaky::default();
+    let down = primary.down.clone();
+    let app = app(one_slot_over(primary));
+
+    down.store(true, Ordering::SeqCst);
+    let a = open_stream(&app, "ada").await; // local lease 1
+    assert_eq!(a.status(), StatusCode::OK);
+    down.store(false, Ordering::SeqCst);
+    let b = open_stream(&app, "ada").await; // primary lease 1
+    assert_eq!(b.status(), StatusCode::OK);
+    drop(a); // releases lease 1 locally and in the primary: B's slot
+    tokio::task::yield_now().await;
+    let c = open_stream(&app, "ada").await;
+    assert_eq!(
+        c.status(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "B's stream is still open on the primary (limit 1), yet C was admitted"
+    );
+    drop(b);
+}

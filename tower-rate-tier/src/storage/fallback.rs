@@ -70,8 +70,10 @@
 //! spent quota would be; it is never a 403. `X-RateLimit-Limit` still names
 //! the configured burst; `Remaining` and the reset count from the share.
 //! A concurrency limit is scaled the same way (`ceil(limit × share)` slots,
-//! at least 1); a slot taken locally and still held when the primary is
-//! back is left to its lease. An [`Op::Each`] is decided locally as the
+//! at least 1); a slot is given back to the local limiter whenever the
+//! key's failure domain has local state, and to the primary always (each
+//! storage's lease ids are its own: a lease one never gave is nothing to
+//! it). An [`Op::Each`] is decided locally as the
 //! same op, its debt bounds scaled as bursts are (`ceil(debt × share)`).
 //! The local state of an outage starts empty: during an outage a client
 //! gets up to its share, whatever it had used in the primary. An outage

@@ -32,7 +32,12 @@ impl Slots {
 }
 
 /// The slot one request holds: what [`Op::Release`](super::Op::Release)
-/// gives back. Unique within the storage that issued it.
+/// gives back. Unique within the storage that issued it, and unlike
+/// another storage's: a release reaches both a
+/// [`Fallback`](super::Fallback)'s primary and its local limiter, and a
+/// lease one never gave must be nothing to it. The memory and Redis
+/// storages draw their ids from a random start or key; a storage of your
+/// own that counts its ids starts from a random number too.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Lease(pub u64);
 

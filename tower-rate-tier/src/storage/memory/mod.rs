@@ -135,7 +135,10 @@ struct Inner {
     /// Dropped with the storage: ends its GC task at once.
     gc_stop: std::sync::Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
     last_inline_sweep: AtomicU64,
-    /// The next lease id of a slot.
+    /// The next lease id of a slot, counted from a random start: ids are
+    /// unique within the storage, and another storage's (a fallback's
+    /// primary and its local limiter, both in memory) are not this one's,
+    /// so a release of a lease it never gave finds nothing here.
     next_lease: AtomicU64,
     /// How many users' slot sets are kept (see `slots.rs`).
     slot_sets: AtomicUsize,
@@ -201,7 +204,10 @@ impl MemoryStorageBuilder {
                 gc_running: AtomicBool::new(false),
                 gc_stop: std::sync::Mutex::new(None),
                 last_inline_sweep: AtomicU64::new(0),
-                next_lease: AtomicU64::new(1),
+                next_lease: AtomicU64::new(std::hash::BuildHasher::hash_one(
+                    &std::hash::RandomState::new(),
+                    0u8,
+                )),
                 slot_sets: AtomicUsize::new(0),
             }),
         }
