@@ -220,12 +220,7 @@ async fn a_programs_settlement_of_a_local_reservation_gives_the_primary_nothing(
 /// if 1,000 had been taken: the next request waits for the debt.
 #[tokio::test]
 async fn a_reservation_above_the_local_share_charges_what_was_used() {
-    let flaky = Flaky::default();
-    flaky.down.store(true, Ordering::SeqCst);
-    let storage = Fallback::builder(flaky)
-        .instances(4)
-        .failures_to_switch(1)
-        .build();
+    let storage = a_quarter_while_down();
     let tiers = RateTier::builder()
         .tier("llm", Quota::per_minute(100))
         .tier_unit(
@@ -279,12 +274,7 @@ async fn a_reservation_above_the_local_share_charges_what_was_used() {
 /// tier's quota of 100.
 #[tokio::test]
 async fn a_refunded_response_counts_from_the_local_share() {
-    let flaky = Flaky::default();
-    flaky.down.store(true, Ordering::SeqCst);
-    let storage = Fallback::builder(flaky)
-        .instances(4)
-        .failures_to_switch(1)
-        .build();
+    let storage = a_quarter_while_down();
     let tiers = RateTier::builder()
         .tier("free", Quota::per_minute(100))
         .clock(FakeClock::new())
@@ -312,12 +302,7 @@ async fn a_refunded_response_counts_from_the_local_share() {
 /// charge is given back, from the local share: 25 left, not 99.
 #[tokio::test]
 async fn a_units_refusal_counts_the_request_bands_from_the_local_share() {
-    let flaky = Flaky::default();
-    flaky.down.store(true, Ordering::SeqCst);
-    let storage = Fallback::builder(flaky)
-        .instances(4)
-        .failures_to_switch(1)
-        .build();
+    let storage = a_quarter_while_down();
     let tiers = RateTier::builder()
         .tier("llm", Quota::per_minute(100))
         .tier_unit("llm", "tokens", Quota::per_minute(1_000))
@@ -344,4 +329,15 @@ async fn a_units_refusal_counts_the_request_bands_from_the_local_share() {
     assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
     let field = refused.header("ratelimit").unwrap();
     assert!(field.starts_with("\"llm\";r=24"), "{field}");
+}
+
+/// A fallback of 4 instances (a quarter of each quota locally) whose
+/// primary is down.
+fn a_quarter_while_down() -> Fallback<Flaky> {
+    let flaky = Flaky::default();
+    flaky.down.store(true, Ordering::SeqCst);
+    Fallback::builder(flaky)
+        .instances(4)
+        .failures_to_switch(1)
+        .build()
 }

@@ -7,7 +7,8 @@ use axum::body::Body;
 use axum::routing::get;
 use http::{Request, StatusCode};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
-use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use tower_rate_tier::clock::FakeClock;
 use tower_rate_tier::metrics::MeteredStorage;
 use tower_rate_tier::storage::Fallback;
@@ -26,6 +27,28 @@ fn active(snapshotter: &Snapshotter) -> Option<f64> {
         })
 }
 
+/// A tier with a concurrency limit over a `MeteredStorage` around a
+/// fallback (its handles registered with the recorder in force): the
+/// primary's switch, the fallback, and the app.
+fn metered_fallback() -> (Arc<AtomicBool>, Fallback<Flaky>, Router) {
+    let flaky = Flaky::default();
+    let down = flaky.down.clone();
+    let fallback = Fallback::builder(flaky)
+        .instances(2)
+        .failures_to_switch(1)
+        .build();
+    let tiers = RateTier::builder()
+        .tier("free", Quota::per_minute(100))
+        .tier_concurrency("free", 4)
+        .clock(FakeClock::new())
+        .storage(MeteredStorage::new(fallback.clone(), "fallback"))
+        .build();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(TierLimitLayer::new(tiers).identifier_fn(header_identity));
+    (down, fallback, app)
+}
+
 fn get_as(user: &str) -> Request<Body> {
     Request::get("/")
         .header("x-user", user)
@@ -42,21 +65,7 @@ fn a_release_does_not_clear_fallback_active_while_decisions_are_local() {
         .build()
         .unwrap();
     metrics::with_local_recorder(&recorder, || {
-        let flaky = Flaky::default();
-        let down = flaky.down.clone();
-        let fallback = Fallback::builder(flaky)
-            .instances(2)
-            .failures_to_switch(1)
-            .build();
-        let tiers = RateTier::builder()
-            .tier("free", Quota::per_minute(100))
-            .tier_concurrency("free", 4)
-            .clock(FakeClock::new())
-            .storage(MeteredStorage::new(fallback.clone(), "fallback"))
-            .build();
-        let app = Router::new()
-            .route("/", get(|| async { "ok" }))
-            .layer(TierLimitLayer::new(tiers).identifier_fn(header_identity));
+        let (down, fallback, app) = metered_fallback();
         rt.block_on(async {
             // the primary goes down: answered locally from now on
             down.store(true, Ordering::SeqCst);
@@ -110,21 +119,7 @@ fn an_outage_answered_by_the_fallback_counts_no_storage_errors() {
         .build()
         .unwrap();
     metrics::with_local_recorder(&recorder, || {
-        let flaky = Flaky::default();
-        let down = flaky.down.clone();
-        let fallback = Fallback::builder(flaky)
-            .instances(2)
-            .failures_to_switch(1)
-            .build();
-        let tiers = RateTier::builder()
-            .tier("free", Quota::per_minute(100))
-            .tier_concurrency("free", 4)
-            .clock(FakeClock::new())
-            .storage(MeteredStorage::new(fallback.clone(), "fallback"))
-            .build();
-        let app = Router::new()
-            .route("/", get(|| async { "ok" }))
-            .layer(TierLimitLayer::new(tiers).identifier_fn(header_identity));
+        let (down, fallback, app) = metered_fallback();
         rt.block_on(async {
             down.store(true, Ordering::SeqCst);
             for _ in 0..5 {
