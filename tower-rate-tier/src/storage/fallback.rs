@@ -121,7 +121,6 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use dashmap::DashMap;
-use dashmap::mapref::entry::Entry;
 
 use super::{
     Decide, Decision, DecisionSource, MemoryStorage, Op, ScopeKey, Storage, StorageError, StorageErrorKind,
@@ -317,14 +316,15 @@ impl Shared {
             },
             Route::Trial => true,
         };
+        let sent = call.clock.now();
         match primary(call.op).into_ready() {
-            Ok(decided) => Decide::ready(self.settle(domain, local, call, decided, trial)),
+            Ok(decided) => Decide::ready(self.settle(domain, local, call, decided, (sent, trial))),
             Err(pending) => {
                 let (local, call) = (local.keep(), call.keep());
                 let shared = self.clone();
                 Decide::pending(async move {
                     let decided = pending.await;
-                    shared.settle(domain, local.local(), call.call(), decided, trial)
+                    shared.settle(domain, local.local(), call.call(), decided, (sent, trial))
                 })
             }
         }
@@ -348,20 +348,20 @@ impl Shared {
         runtime.spawn(tracing::Instrument::in_current_span(probe));
     }
 
-    /// The primary's answer, or the local one when the primary failed (a
-    /// trial's failure of any kind: the primary is not back until it
-    /// decides).
+    /// The primary's answer to a call sent at `sent`, or the local one when
+    /// the primary failed (a trial's failure of any kind: the primary is not
+    /// back until it decides).
     fn settle(
         &self,
         domain: u64,
         local: Local<'_>,
         call: Call<'_>,
         decided: Result<Decision, StorageError>,
-        trial: bool,
+        (sent, trial): (Nanos, bool),
     ) -> Result<Decision, StorageError> {
         match decided {
             Ok(decision) if decision.source == DecisionSource::Storage => {
-                self.answered(domain, call.clock.now());
+                self.answered(domain, sent, call.clock.now());
                 Ok(decision)
             }
             // A wrapper of the primary answered without asking it (a cached
@@ -388,92 +388,19 @@ impl Shared {
         }
     }
 
-    /// The primary decided for `domain`: its failures are forgotten, and it
-    /// is back on the primary if it had switched. The domain's epoch is kept
-    /// for an outage that starts again soon.
-    fn answered(&self, domain: u64, now: Nanos) {
-        if self.troubled.load(Ordering::Relaxed) == 0 {
-            return;
-        }
-        let Some(mut state) = self.domains.get_mut(&domain) else {
-            return;
-        };
-        if state.failures == 0 {
-            return;
-        }
-        let was_local = state.probe_at.is_some();
-        *state = Domain {
-            failures: 0,
-            ended: now,
-            probe_at: None,
-            probing: None,
-            trial: false,
-            ..*state
-        };
-        drop(state);
-        self.troubled.fetch_sub(1, Ordering::Relaxed);
-        if was_local {
-            tracing::debug!(domain, "rate-limit storage answers again for this failure domain");
-            if self.local_domains.fetch_sub(1, Ordering::Relaxed) == 1 {
-                tracing::info!("rate-limit storage answers again: decisions go back to it");
-                self.report(false);
-            }
-        }
-    }
-
-    /// Counts a failure in `domain` (switching it after enough); the epoch
-    /// of its local state. A domain that recovered less than
-    /// `continue_within` ago continues its last outage's epoch.
-    fn failed(&self, domain: u64, now: Nanos) -> u64 {
-        let switch_at = now.saturating_add(self.probe_every);
-        let (epoch, switched) = match self.domains.entry(domain) {
-            Entry::Occupied(mut seen) => {
-                let state = seen.get_mut();
-                if state.failures == 0 {
-                    // A new outage of a domain that recovered.
-                    self.troubled.fetch_add(1, Ordering::Relaxed);
-                    if now.saturating_sub(state.ended) >= self.continue_within {
-                        state.epoch = self.epochs.fetch_add(1, Ordering::Relaxed) + 1;
-                    }
-                }
-                state.failures = state.failures.saturating_add(1);
-                let switched = state.probe_at.is_none() && state.failures >= self.failures_to_switch;
-                if switched {
-                    state.probe_at = Some(switch_at);
-                }
-                (state.epoch, switched)
-            }
-            Entry::Vacant(new) => {
-                self.troubled.fetch_add(1, Ordering::Relaxed);
-                let epoch = self.epochs.fetch_add(1, Ordering::Relaxed) + 1;
-                let switched = self.failures_to_switch <= 1;
-                new.insert(Domain {
-                    failures: 1,
-                    epoch,
-                    ended: 0,
-                    probe_at: switched.then_some(switch_at),
-                    probing: None,
-                    trial: false,
-                });
-                (epoch, switched)
-            }
-        };
-        if switched {
-            tracing::debug!(domain, "rate-limit storage keeps failing for this failure domain");
-            if self.local_domains.fetch_add(1, Ordering::Relaxed) == 0 {
-                tracing::warn!(
-                    failures = self.failures_to_switch,
-                    share = self.share,
-                    "rate-limit storage keeps failing: decisions are answered by the local fallback \
-                     with this instance's share of each quota"
-                );
-                self.report(true);
-            }
-        }
-        epoch
-    }
-
+    /// Every domain has switched (`local`), or none any more: logged, and
+    /// told to `on_switch`.
     fn report(&self, local: bool) {
+        if local {
+            tracing::warn!(
+                failures = self.failures_to_switch,
+                share = self.share,
+                "rate-limit storage keeps failing: decisions are answered by the local fallback \
+                 with this instance's share of each quota"
+            );
+        } else {
+            tracing::info!("rate-limit storage answers again: decisions go back to it");
+        }
         if let Some(callback) = &self.on_switch {
             callback(local);
         }

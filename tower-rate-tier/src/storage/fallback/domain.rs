@@ -6,6 +6,8 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use dashmap::mapref::entry::Entry;
+
 use super::Shared;
 use crate::clock::{Clock, Nanos};
 use crate::storage::ScopeKey;
@@ -18,6 +20,9 @@ pub(super) struct Domain {
     pub(super) epoch: u64,
     /// When the primary last answered after failures (the outage ended).
     pub(super) ended: Nanos,
+    /// When the first of the current failures came: an answer to a call
+    /// sent before it says nothing of the primary since.
+    pub(super) since: Nanos,
     /// Answering locally; the next probe is due then.
     pub(super) probe_at: Option<Nanos>,
     /// When the probe of this spell in flight was sent: no other is sent
@@ -123,5 +128,87 @@ impl Shared {
                 state.trial = true;
             }
         }
+    }
+
+    /// The primary decided for `domain` a call sent at `sent`: its failures
+    /// are forgotten, and it is back on the primary if it had switched. The
+    /// domain's epoch is kept for an outage that starts again soon. A call
+    /// sent before the failures began (answered late, its reply read after
+    /// theirs) says nothing of the primary since, and changes nothing.
+    pub(super) fn answered(&self, domain: u64, sent: Nanos, now: Nanos) {
+        if self.troubled.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let Some(mut state) = self.domains.get_mut(&domain) else {
+            return;
+        };
+        if state.failures == 0 || sent < state.since {
+            return;
+        }
+        let was_local = state.probe_at.is_some();
+        *state = Domain {
+            failures: 0,
+            ended: now,
+            probe_at: None,
+            probing: None,
+            trial: false,
+            ..*state
+        };
+        drop(state);
+        self.troubled.fetch_sub(1, Ordering::Relaxed);
+        if was_local {
+            tracing::debug!(domain, "rate-limit storage answers again for this failure domain");
+            if self.local_domains.fetch_sub(1, Ordering::Relaxed) == 1 {
+                self.report(false);
+            }
+        }
+    }
+
+    /// Counts a failure in `domain` (switching it after enough); the epoch
+    /// of its local state. A domain that recovered less than
+    /// `continue_within` ago continues its last outage's epoch.
+    pub(super) fn failed(&self, domain: u64, now: Nanos) -> u64 {
+        let switch_at = now.saturating_add(self.probe_every);
+        let (epoch, switched) = match self.domains.entry(domain) {
+            Entry::Occupied(mut seen) => {
+                let state = seen.get_mut();
+                if state.failures == 0 {
+                    // A new outage of a domain that recovered.
+                    self.troubled.fetch_add(1, Ordering::Relaxed);
+                    state.since = now;
+                    if now.saturating_sub(state.ended) >= self.continue_within {
+                        state.epoch = self.epochs.fetch_add(1, Ordering::Relaxed) + 1;
+                    }
+                }
+                state.failures = state.failures.saturating_add(1);
+                let switched = state.probe_at.is_none() && state.failures >= self.failures_to_switch;
+                if switched {
+                    state.probe_at = Some(switch_at);
+                }
+                (state.epoch, switched)
+            }
+            Entry::Vacant(new) => {
+                self.troubled.fetch_add(1, Ordering::Relaxed);
+                let epoch = self.epochs.fetch_add(1, Ordering::Relaxed) + 1;
+                let switched = self.failures_to_switch <= 1;
+                new.insert(Domain {
+                    failures: 1,
+                    epoch,
+                    ended: 0,
+                    since: now,
+                    probe_at: switched.then_some(switch_at),
+                    probing: None,
+                    trial: false,
+                });
+                (epoch, switched)
+            }
+        };
+        if switched {
+            tracing::debug!(domain, "rate-limit storage keeps failing for this failure domain");
+            if self.local_domains.fetch_add(1, Ordering::Relaxed) == 0 {
+                self.report(true);
+            }
+        }
+        epoch
     }
 }

@@ -82,3 +82,64 @@ fn answers_a_wrapper_gave_neither_end_an_outage_nor_reset_its_count() {
     assert_eq!(admitted, 10);
     assert!(cached <= 10, "{cached}");
 }
+
+/// A primary whose answer to `early` waits for a gate (a reply read late,
+/// after the replies of calls sent later), and that fails every other user
+/// while `down` is set.
+#[derive(Debug, Clone, Default)]
+struct LateReply {
+    memory: MemoryStorage,
+    gate: Arc<Mutex<Option<tokio::sync::oneshot::Receiver<()>>>>,
+    down: Arc<AtomicBool>,
+}
+
+impl Storage for LateReply {
+    fn decide(&self, key: StorageKey<'_>, bands: &[Quota], op: Op, clock: &Arc<dyn Clock>) -> Decide {
+        if key.user == "early" {
+            let decided = self
+                .memory
+                .decide(key, bands, op, clock)
+                .into_ready()
+                .expect("memory is ready");
+            let gate = self.gate.lock().unwrap().take().expect("one early call");
+            return Decide::pending(async move {
+                let _ = gate.await;
+                decided
+            });
+        }
+        if self.down.load(Ordering::SeqCst) {
+            return Decide::ready(Err(StorageError::new(StorageErrorKind::Unavailable, "down")));
+        }
+        self.memory.decide(key, bands, op, clock)
+    }
+}
+
+/// A call sent before the primary's failures began, answered after they
+/// switched to the local limiter, says nothing of the primary since: the
+/// fallback stays local (it switched back, then again at the next failure:
+/// a flap for every reply read late).
+#[tokio::test]
+async fn a_reply_read_late_does_not_end_an_outage_that_began_after_it_was_sent() {
+    let clock = FakeClock::new();
+    let primary = LateReply::default();
+    let (open, gate) = tokio::sync::oneshot::channel();
+    *primary.gate.lock().unwrap() = Some(gate);
+    let storage = Fallback::builder(primary.clone()).build();
+    let bands = [Quota::per_day(100)];
+    let dyn_clock: Arc<dyn Clock> = Arc::new(clock.clone());
+    let key = StorageKey {
+        namespace: "",
+        tier: "t",
+        user: "early",
+    };
+    let early = storage.decide(key, &bands, Op::Charge(1), &dyn_clock);
+    clock.advance(Duration::from_millis(1));
+    primary.down.store(true, Ordering::SeqCst);
+    for _ in 0..DEFAULT_FAILURES_TO_SWITCH {
+        assert!(decide(&storage, "other", &bands, 1, &clock).unwrap().allowed);
+    }
+    assert!(storage.is_local());
+    let _ = open.send(());
+    assert_eq!(early.await.unwrap().source, DecisionSource::Storage);
+    assert!(storage.is_local(), "the late reply ended the outage");
+}
