@@ -42,6 +42,8 @@ const SEC: u64 = 1_000_000_000;
 struct Band {
     quota: Quota,
     period_ns: u64,
+    /// Requests per period, as written.
+    count: u32,
 }
 
 fn band() -> impl Strategy<Value = Band> {
@@ -55,6 +57,7 @@ fn band() -> impl Strategy<Value = Band> {
         Band {
             quota: burst.map_or(quota, |b| quota.with_burst(b)),
             period_ns,
+            count: n,
         }
     })
 }
@@ -260,12 +263,15 @@ fn run_case(
         .layer(TierLimitLayer::new(tiers).identifier_fn(move |_| Some(TierIdentity::new("u", name.clone()))));
     let mut model = Model::new(bands);
     let mut now = u128::from(FakeClock::START_UNIX_SECS) * u128::from(SEC);
-    // the policy: one item per band, q = burst, w = ceil(refill)
+    // the policy: one item per band, q = burst, w = the burst's window as
+    // written (burst / count of the period), in whole seconds rounded up
     let expected_policy: Vec<Item> = quotas
         .iter()
+        .zip(bands)
         .enumerate()
-        .map(|(i, q)| {
-            let w = secs_ceil(cap(q));
+        .map(|(i, (q, band))| {
+            let written = u128::from(band.period_ns) * u128::from(q.burst());
+            let w = secs_ceil(written.div_ceil(u128::from(band.count)));
             (
                 header_name(tier, quotas.len(), i),
                 vec![("q".into(), i64::from(q.burst())), ("w".into(), w as i64)],

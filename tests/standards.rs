@@ -444,3 +444,39 @@ async fn a_window_too_long_for_a_structured_field_is_written_as_the_largest_inte
     assert_eq!(policy[0].1["q"], i64::from(u32::MAX));
     items(reply.header("ratelimit").expect("RateLimit"));
 }
+
+/// `w` is the configured window, so that a client pacing itself at `q`
+/// per `w` runs at the quota's rate: `per_second(3)` is 3 per second, not
+/// 3 per 2 seconds (each emission interval is rounded up by a fraction of
+/// a nanosecond, which must not add a whole second to `w`).
+#[tokio::test]
+async fn w_is_the_window_the_quota_was_written_with() {
+    let cases = [
+        (Quota::per_second(3), 1),
+        (Quota::per_second(7), 1),
+        (Quota::per_minute(7), 60),
+        (Quota::per_hour(7), 3_600),
+        (Quota::per_day(7), 86_400),
+        (Quota::per_day(7).with_burst(1), 12_343),
+        (Quota::per_period(7, Duration::from_secs(30 * 86_400)), 2_592_000),
+    ];
+    for (quota, w) in cases {
+        let clock = FakeClock::new();
+        let tiers = RateTier::builder()
+            .tier("free", quota)
+            .clock(clock.clone())
+            .build();
+        let app = Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(TierLimitLayer::new(tiers).identifier_fn(header_identity));
+        let reply = hit(&app, "ada", "free").await;
+        let policy = items(reply.header("ratelimit-policy").expect("RateLimit-Policy"));
+        assert_eq!(policy[0].1["w"], w, "{quota:?}");
+        // A client pacing itself at q per w is admitted every time.
+        let pace = Duration::from_nanos(w as u64 * 1_000_000_000 / policy[0].1["q"] as u64);
+        for _ in 0..3 * policy[0].1["q"] {
+            clock.advance(pace);
+            assert_eq!(hit(&app, "bea", "free").await.status, StatusCode::OK, "{quota:?}");
+        }
+    }
+}

@@ -227,14 +227,24 @@ impl Quota {
     /// rounded up, 0 when unlimited.
     ///
     /// Computed in 128 bits, so it stays exact where [`Quota::refill_nanos`]
-    /// saturates (a year per request with a burst in the billions). The
-    /// refill is `burst` emission intervals as rounded up (see the [module
-    /// documentation](self)): 3,000 per 30 days has `w = 2_592_000`, while 7
-    /// per 30 days, whose interval is rounded up by a fraction of a
-    /// nanosecond, has `w = 2_592_001`.
+    /// saturates (a year per request with a burst in the billions). Each
+    /// emission interval is rounded up by under a nanosecond (see the
+    /// [module documentation](self)), which puts the refill up to `burst`
+    /// nanoseconds past the window the quota was written with. A whole
+    /// second within that reach is taken as the window (when the reach is
+    /// under a millionth of it): 3 per second has `w = 1`, not 2, and 7 per
+    /// 30 days has `w = 2_592_000`.
     pub const fn window_secs(&self) -> u64 {
-        let refill = self.interval_ns as u128 * self.burst as u128;
-        let secs = refill.div_ceil(NANOS_PER_SEC as u128);
+        const NANOS: u128 = NANOS_PER_SEC as u128;
+        let burst = self.burst as u128;
+        let refill = self.interval_ns as u128 * burst;
+        let whole = refill / NANOS;
+        let rounding_only = refill - whole * NANOS <= burst && burst <= whole * 1_000;
+        let secs = if rounding_only {
+            whole
+        } else {
+            refill.div_ceil(NANOS)
+        };
         if secs > u64::MAX as u128 {
             u64::MAX
         } else {
@@ -286,6 +296,15 @@ mod tests {
         assert_eq!(Quota::per_day(1).window_secs(), 86_400);
         assert_eq!(Quota::per_minute(10).window_secs(), 60);
         assert_eq!(Quota::per_hour(5_000).with_burst(200).window_secs(), 144);
+        // The intervals' rounding (2 ns in all) adds no second.
+        assert_eq!(Quota::per_second(3).window_secs(), 1);
+        assert_eq!(Quota::per_hour(7).window_secs(), 3_600);
+        // An interval of 1 ns where 0.23 was asked: the refill itself.
+        assert_eq!(Quota::per_second(u32::MAX).window_secs(), 5);
+        assert_eq!(
+            Quota::per_period(1, Duration::from_millis(1_500)).window_secs(),
+            2
+        );
     }
 
     #[test]
@@ -344,10 +363,10 @@ mod tests {
         assert_eq!(Quota::per_period(1, days(365)).window_secs(), 31_536_000);
         assert_eq!(Quota::per_week(10_000).window_secs(), 7 * DAY);
         // 30 days / 7 rounds the interval up by under a nanosecond: the
-        // refill is 5 ns over 30 days.
+        // refill is 5 ns over 30 days, and the window is still 30 days.
         let q = Quota::per_period(7, days(30));
         assert_eq!(q.emission_interval_nanos(), 370_285_714_285_715);
-        assert_eq!(q.window_secs(), 2_592_001);
+        assert_eq!(q.window_secs(), 2_592_000);
         // A year per request with the largest burst: past u64 nanoseconds.
         let q = Quota::per_period(1, days(365)).with_burst(u32::MAX);
         assert_eq!(q.refill_nanos(), u64::MAX);
