@@ -301,3 +301,58 @@ fn a_flood_of_ids_on_a_tier_with_a_concurrency_limit_gives_its_memory_back_once_
     // the table of the users' slot sets is shrunk too
     assert!(held < peak / 10, "peak {peak} B, held after the sweep {held} B");
 }
+
+/// Tiers added at run time, used and removed, through a storage wrapper
+/// that decides by name (it passes on `decide` and leaves `prepare` to its
+/// default, as a first wrapper of one's own does): once their keys have
+/// expired and been swept, nothing of them is left, and a tier added later
+/// is decided as fast as before (it does not sit behind the removed ones).
+#[test]
+fn tiers_removed_behind_a_wrapper_that_decides_by_name_leave_nothing_once_swept() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    const TIERS: usize = 2_000;
+    let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let clock = FakeClock::new();
+    let memory = tower_rate_tier::storage::MemoryStorage::builder().build();
+    let tiers = RateTier::builder()
+        .tier("free", Quota::per_minute(100))
+        .storage(tower_rate_tier_tests::storage_ops::Tally::new(memory.clone()))
+        .clock(clock.clone())
+        .build();
+    runtime.block_on(async {
+        // warm up: the storage's tables, the tier table's growth
+        for i in 0..TIERS {
+            let name = format!("warm-{i:05}");
+            tiers.set_tier(name.as_str(), Quota::per_minute(10)).unwrap();
+            tiers.check("ada", &name, 1).await.unwrap().unwrap();
+            assert!(tiers.remove_tier(&name));
+        }
+        clock.advance(std::time::Duration::from_secs(3_600));
+        memory.sweep();
+        let before = heap::live_bytes();
+        for i in 0..TIERS {
+            let name = format!("plan-{i:05}");
+            tiers.set_tier(name.as_str(), Quota::per_minute(10)).unwrap();
+            tiers.check("ada", &name, 1).await.unwrap().unwrap();
+            assert!(tiers.remove_tier(&name));
+        }
+        let held = heap::delta(before, heap::live_bytes());
+        clock.advance(std::time::Duration::from_secs(3_600));
+        memory.sweep();
+        assert_eq!(memory.len(), 0);
+        let left = heap::delta(before, heap::live_bytes());
+        // each removed tier held its maps (about 25 KB) until the sweep
+        assert!(held > 10_000 * TIERS as i64, "held {held} B");
+        assert!(
+            left < 64 * 1024,
+            "{TIERS} removed tiers left {left} B after their keys expired"
+        );
+        // the user of a tier added now has its state where a decision by
+        // name finds it again
+        tiers.set_tier("late", Quota::per_minute(2)).unwrap();
+        for admitted in [true, true, false] {
+            let decision = tiers.check("ada", "late", 1).await.unwrap();
+            assert_eq!(decision.is_ok(), admitted);
+        }
+    });
+}

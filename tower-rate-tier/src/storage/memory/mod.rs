@@ -265,7 +265,7 @@ impl Storage for MemoryStorage {
 
     fn prepare(&self, at: ScopeKey<'_>) -> Option<Arc<dyn TierScope>> {
         Some(Arc::new(MemoryScope {
-            scope: self.inner.scopes.get(at.namespace, at.tier, false),
+            scope: self.inner.scopes.get(at.namespace, at.tier),
             inner: self.inner.clone(),
         }))
     }

@@ -3,7 +3,7 @@
 //! and a tier name each), never by the quotas of customers: a customer's
 //! own bands are kept in its own entry.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use arc_swap::ArcSwap;
@@ -19,8 +19,9 @@ const SHARDS: usize = 64;
 pub(super) struct Scope {
     namespace: Box<str>,
     tier: Box<str>,
-    /// A decision found it by its names (it is then never retired).
-    named: AtomicBool,
+    /// A sweep is retiring it (set before the sweep looks whether it is
+    /// empty; cleared when it is not, kept once it is retired).
+    retiring: AtomicBool,
     /// The refill window (ms, plus 1; 0: none yet) of the one request band
     /// whose state `single` holds: the first one-band window a decision brought
     /// since `single` was last empty (the tier's own band, in practice).
@@ -85,9 +86,17 @@ impl Scope {
         }
     }
 
-    /// Whether it holds no key and no slot set.
-    fn is_empty(&self) -> bool {
-        self.single.is_empty() && self.multi.is_empty() && self.slots.is_empty()
+    /// Marks it retired when it holds no key and no slot set; whether it
+    /// was. A decision by name that wrote into it after the look sees the
+    /// mark (see [`Scopes::kept`]).
+    fn retire_if_empty(&self) -> bool {
+        self.retiring.store(true, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        let empty = self.single.is_empty() && self.multi.is_empty() && self.slots.is_empty();
+        if !empty {
+            self.retiring.store(false, Ordering::Relaxed);
+        }
+        empty
     }
 
     /// After a sweep left `single` empty: the next one-band window claims
@@ -108,9 +117,10 @@ impl Scope {
 /// A tier prepared by [`Storage::prepare`](crate::storage::Storage::prepare)
 /// holds its scope, and its decisions find nothing; a decision that names
 /// its tier (a storage wrapping this one that prepares nothing) finds the
-/// scope in the list. A sweep retires the scopes nothing refers to any more
-/// (no prepared tier holds them, no decision ever named them) once they are
-/// empty, so tiers removed or renamed at run time leave nothing behind.
+/// scope in the list. A sweep retires the empty scopes no prepared tier
+/// holds, so tiers removed or renamed at run time leave nothing behind,
+/// whether they were prepared or named; a decision by name that meets its
+/// scope retired makes it anew.
 #[derive(Default)]
 pub(super) struct Scopes {
     list: ArcSwap<Vec<Arc<Scope>>>,
@@ -120,33 +130,51 @@ pub(super) struct Scopes {
 }
 
 impl Scopes {
-    /// Runs `f` on the scope of `key`, made on first use. Such a scope is
-    /// never retired: decisions by name may reach it at any time.
+    /// Runs `f` on the scope of `key` (made on first use) and gives its
+    /// result. A scope a sweep retired while `f` ran took a write no one
+    /// will read: `f` runs again on the scope made anew.
     #[inline]
-    pub(super) fn with<R>(&self, key: &StorageKey<'_>, f: impl FnOnce(&Scope) -> R) -> R {
-        let list = self.list.load();
-        match find(&list, key.namespace, key.tier) {
-            // Marked under the lock: never retired from then on.
-            Some(scope) if scope.named.load(Ordering::Relaxed) => f(scope),
-            _ => f(&self.get(key.namespace, key.tier, true)),
+    pub(super) fn with<R>(&self, key: &StorageKey<'_>, f: impl Fn(&Scope) -> R) -> R {
+        if let Some(scope) = find(&self.list.load(), key.namespace, key.tier) {
+            let result = f(scope);
+            if self.kept(scope) {
+                return result;
+            }
+        }
+        loop {
+            let scope = self.get(key.namespace, key.tier);
+            let result = f(&scope);
+            if self.kept(&scope) {
+                return result;
+            }
         }
     }
 
-    /// The scope of `tier` in `namespace`, made on first use: what a
-    /// prepared tier holds (`named`: for a decision by name).
-    pub(super) fn get(&self, namespace: &str, tier: &str, named: bool) -> Arc<Scope> {
+    /// Whether what a decision just wrote into `scope` stands: the scope
+    /// is still in the list. A sweep marks a scope before it looks whether
+    /// it is empty, and the two fences make sure that either the sweep saw
+    /// the write (and keeps the scope) or the decision sees the mark; the
+    /// sweep's verdict is final under the lock.
+    fn kept(&self, scope: &Scope) -> bool {
+        fence(Ordering::SeqCst);
+        if !scope.retiring.load(Ordering::Relaxed) {
+            return true;
+        }
+        let _changing = self.changing.lock().unwrap_or_else(PoisonError::into_inner);
+        find(&self.list.load(), &scope.namespace, &scope.tier).is_some_and(|s| std::ptr::eq(&**s, scope))
+    }
+
+    /// The scope of `tier` in `namespace`, made on first use.
+    pub(super) fn get(&self, namespace: &str, tier: &str) -> Arc<Scope> {
         let _changing = self.changing.lock().unwrap_or_else(PoisonError::into_inner);
         let list = self.list.load();
         if let Some(scope) = find(&list, namespace, tier) {
-            if named {
-                scope.named.store(true, Ordering::Relaxed);
-            }
             return scope.clone();
         }
         let scope = Arc::new(Scope {
             namespace: namespace.into(),
             tier: tier.into(),
-            named: AtomicBool::new(named),
+            retiring: AtomicBool::new(false),
             single_window: AtomicU64::new(0),
             single: new_map(),
             multi: new_map(),
@@ -163,21 +191,21 @@ impl Scopes {
         self.list.load_full()
     }
 
-    /// Removes the empty scopes that no prepared tier holds and no decision
-    /// named; how many.
+    /// Removes the empty scopes that no prepared tier holds; how many.
     pub(super) fn retire_unused(&self) -> usize {
         let _changing = self.changing.lock().unwrap_or_else(PoisonError::into_inner);
         let list = self.list.load_full();
-        // held by the list alone (no prepared tier holds it)
-        let unused = |scope: &Arc<Scope>| {
-            Arc::strong_count(scope) == 1 && !scope.named.load(Ordering::Relaxed) && scope.is_empty()
-        };
-        let retired = list.iter().filter(|s| unused(s)).count();
-        if retired > 0 {
-            let kept: Vec<Arc<Scope>> = list.iter().filter(|s| !unused(s)).cloned().collect();
-            self.list.store(Arc::new(kept));
+        let retired: Vec<bool> = list
+            .iter()
+            // held by the list alone (no prepared tier holds it)
+            .map(|scope| Arc::strong_count(scope) == 1 && scope.retire_if_empty())
+            .collect();
+        let count = retired.iter().filter(|&&r| r).count();
+        if count > 0 {
+            let kept = list.iter().zip(&retired).filter(|(_, r)| !**r);
+            self.list.store(Arc::new(kept.map(|(s, _)| s.clone()).collect()));
         }
-        retired
+        count
     }
 }
 

@@ -281,3 +281,36 @@ fn racing_first_decisions_of_other_bands_keep_each_others_state() {
     let next = ready(storage.decide(key("ada"), &[minute, hour], Op::Charge(1), &clock));
     assert!(!next.allowed, "ada's minute is spent: {next:?}");
 }
+
+/// A decision by name (through a wrapper that prepares nothing) racing the
+/// sweep that retires its tier's empty scope: what it charged is never
+/// lost to the retired scope (the next decision sees it).
+#[test]
+fn a_decision_by_name_racing_the_retirement_of_its_scope_keeps_its_charge() {
+    let fake = FakeClock::new();
+    let clock: Arc<dyn Clock> = Arc::new(fake.clone());
+    let storage = MemoryStorage::builder().build();
+    let bands = [Quota::per_minute(1)];
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sweeper = {
+        let (storage, done) = (storage.clone(), done.clone());
+        std::thread::spawn(move || {
+            let mut sweeps = 0u64;
+            while !done.load(Ordering::Relaxed) {
+                storage.sweep();
+                sweeps += 1;
+            }
+            sweeps
+        })
+    };
+    for round in 0..20_000 {
+        // the last round's key expires: a sweep may retire the scope now
+        fake.advance(Duration::from_secs(61));
+        let first = ready(storage.decide(key("ada"), &bands, Op::Charge(1), &clock));
+        assert!(first.allowed, "round {round}");
+        let second = ready(storage.decide(key("ada"), &bands, Op::Charge(1), &clock));
+        assert!(!second.allowed, "round {round}: the first charge was lost");
+    }
+    done.store(true, Ordering::Relaxed);
+    assert!(sweeper.join().unwrap() > 100);
+}
