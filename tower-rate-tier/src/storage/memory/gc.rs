@@ -131,6 +131,28 @@ impl Inner {
         self.len.fetch_sub(removed, Ordering::Relaxed);
         removed
     }
+
+    /// Drops what decisions wrote into a scope a sweep retired under them
+    /// (each decides again in the scope made anew), and its count: each
+    /// key is counted once, by whichever drop took it.
+    pub(super) fn forget(&self, retired: &super::scope::Scope) {
+        let mut keys = 0;
+        retired.single.retain(|_, _| {
+            keys += 1;
+            false
+        });
+        retired.multi.retain(|_, _| {
+            keys += 1;
+            false
+        });
+        let mut sets = 0;
+        retired.slots.retain(|_, _| {
+            sets += 1;
+            false
+        });
+        self.len.fetch_sub(keys, Ordering::Relaxed);
+        self.slot_sets.fetch_sub(sets, Ordering::Relaxed);
+    }
 }
 
 /// Lets the next decision start a GC task again when this one ends (its

@@ -256,10 +256,11 @@ impl MemoryStorage {
 impl Storage for MemoryStorage {
     #[inline]
     fn decide(&self, key: StorageKey<'_>, bands: &[Quota], op: Op, clock: &Arc<dyn Clock>) -> Decide {
-        let result = self
-            .inner
-            .scopes
-            .with(&key, |scope| self.inner.decide(scope, key.user, bands, op, clock));
+        let result = self.inner.scopes.with(
+            &key,
+            |scope| self.inner.decide(scope, key.user, bands, op, clock),
+            |retired| self.inner.forget(retired),
+        );
         Decide::ready(result)
     }
 

@@ -11,7 +11,7 @@ use dashmap::DashMap;
 
 use super::{Hasher, Tats};
 use crate::clock::Nanos;
-use crate::storage::{LeaseSet, StorageKey};
+use crate::storage::{Decision, DecisionSource, LeaseSet, StorageError, StorageKey};
 
 const SHARDS: usize = 64;
 
@@ -130,21 +130,38 @@ pub(super) struct Scopes {
 }
 
 impl Scopes {
-    /// Runs `f` on the scope of `key` (made on first use) and gives its
-    /// result. A scope a sweep retired while `f` ran took a write no one
-    /// will read: `f` runs again on the scope made anew.
+    /// Decides in the scope of `key` (made on first use). A sweep may
+    /// retire the scope while `decide` runs in it: what it wrote there is
+    /// then read by no one, so `forget` drops it and the decision is made
+    /// again in the scope made anew (a decision of the overflow bucket,
+    /// or an error, wrote nothing there and stands).
     #[inline]
-    pub(super) fn with<R>(&self, key: &StorageKey<'_>, f: impl Fn(&Scope) -> R) -> R {
+    pub(super) fn with(
+        &self,
+        key: &StorageKey<'_>,
+        decide: impl Fn(&Scope) -> Result<Decision, StorageError>,
+        forget: impl Fn(&Scope),
+    ) -> Result<Decision, StorageError> {
+        let stands = |scope: &Scope, result: &Result<Decision, StorageError>| {
+            let elsewhere = result
+                .as_ref()
+                .is_ok_and(|d| d.source == DecisionSource::Overflow);
+            if result.is_err() || elsewhere || self.kept(scope) {
+                return true;
+            }
+            forget(scope);
+            false
+        };
         if let Some(scope) = find(&self.list.load(), key.namespace, key.tier) {
-            let result = f(scope);
-            if self.kept(scope) {
+            let result = decide(scope);
+            if stands(scope, &result) {
                 return result;
             }
         }
         loop {
             let scope = self.get(key.namespace, key.tier);
-            let result = f(&scope);
-            if self.kept(&scope) {
+            let result = decide(&scope);
+            if stands(&scope, &result) {
                 return result;
             }
         }

@@ -284,13 +284,16 @@ fn racing_first_decisions_of_other_bands_keep_each_others_state() {
 
 /// A decision by name (through a wrapper that prepares nothing) racing the
 /// sweep that retires its tier's empty scope: what it charged is never
-/// lost to the retired scope (the next decision sees it).
+/// lost to the retired scope (the next decision sees it), and the key
+/// count stays exact.
 #[test]
 fn a_decision_by_name_racing_the_retirement_of_its_scope_keeps_its_charge() {
     let fake = FakeClock::new();
     let clock: Arc<dyn Clock> = Arc::new(fake.clone());
     let storage = MemoryStorage::builder().build();
     let bands = [Quota::per_minute(1)];
+    // the storage's sweeps keep to the clock of its first decision
+    ready(storage.decide(key("ada"), &bands, Op::Charge(0), &clock));
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let sweeper = {
         let (storage, done) = (storage.clone(), done.clone());
@@ -303,7 +306,7 @@ fn a_decision_by_name_racing_the_retirement_of_its_scope_keeps_its_charge() {
             sweeps
         })
     };
-    for round in 0..20_000 {
+    for round in 0..100_000 {
         // the last round's key expires: a sweep may retire the scope now
         fake.advance(Duration::from_secs(61));
         let first = ready(storage.decide(key("ada"), &bands, Op::Charge(1), &clock));
@@ -313,4 +316,7 @@ fn a_decision_by_name_racing_the_retirement_of_its_scope_keeps_its_charge() {
     }
     done.store(true, Ordering::Relaxed);
     assert!(sweeper.join().unwrap() > 100);
+    fake.advance(Duration::from_secs(61));
+    storage.sweep();
+    assert_eq!(storage.len(), 0);
 }
