@@ -137,6 +137,40 @@ async fn a_dead_instances_slots_come_back_after_the_lease() {
     assert!(ttl > 0 && ttl <= 2_001, "{ttl}");
 }
 
+/// Two instances with different leases share a user's slots (a rolling
+/// deploy that changes the lease): a slot taken with a short lease does not
+/// shorten the life of one taken with a long lease, in Redis as in memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_lease_keeps_the_slot_of_a_longer_one() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let redis: Arc<dyn Storage> = Arc::new(storage(&server.url()).await);
+    let memory: Arc<dyn Storage> = Arc::new(tower_rate_tier::storage::MemoryStorage::new());
+    for (name, s) in [("memory", memory), ("redis", redis)] {
+        assert!(
+            acquire(&s, "ada", 2, Duration::from_secs(600)).await.allowed,
+            "{name}"
+        );
+        assert!(
+            acquire(&s, "ada", 2, Duration::from_millis(50)).await.allowed,
+            "{name}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        // the short lease has passed; the long one still holds its slot
+        let third = acquire(&s, "ada", 2, Duration::from_secs(600)).await;
+        assert!(third.allowed, "{name}");
+        let fourth = acquire(&s, "ada", 2, Duration::from_secs(600)).await;
+        assert!(
+            !fourth.allowed,
+            "{name}: three requests in flight under a limit of 2"
+        );
+    }
+    let key = server.cli(&["--scan", "--pattern", "*slots"]);
+    let ttl: i64 = server.cli(&["PTTL", key.trim()]).trim().parse().unwrap();
+    assert!(ttl > 590_000, "the set expires with its longest lease: {ttl} ms");
+}
+
 /// Waits until no slot is taken in the server (the releases of ended
 /// responses are sent in tasks of their own).
 async fn settle(server: &RedisServer) {

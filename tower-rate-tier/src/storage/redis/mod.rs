@@ -184,7 +184,7 @@
 //! itself runs, which Redis checks against the caller's ACL (`+time` is
 //! unused with a [client clock](RedisStorageBuilder::client_clock)); a tier
 //! with a concurrency limit adds its slots' `+zremrangebyscore +zcard +zadd
-//! +zrem +pexpire` (grant all five). Neither `SCRIPT LOAD` nor `PING` is
+//! +zrem +zrange +pexpire` (grant all six). Neither `SCRIPT LOAD` nor `PING` is
 //! needed. On a Cluster the user also needs `+cluster|slots`, which
 //! redis-rs's cluster driver already reads; the storage reads it too, for
 //! its batches (without it every decision is its own call).

@@ -82,6 +82,8 @@ if nbands > 0 then
   end
 end
 redis.call("ZADD", key, now + lease, ARGV[3])
--- every lease has the same length: the newest ends last
-redis.call("PEXPIRE", key, math.ceil(lease / 1000) + 1)
+-- the set lives as long as its longest lease (instances with another
+-- lease may share it)
+local last = redis.call("ZRANGE", key, -1, -1, "WITHSCORES")
+redis.call("PEXPIRE", key, math.ceil((tonumber(last[2]) - now) / 1000) + 1)
 return {1, in_use + 1, decision}
