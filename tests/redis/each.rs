@@ -147,6 +147,36 @@ async fn a_mismatched_amount_count_is_an_error_not_a_panic() {
     );
 }
 
+/// A forced charge too long for the script's span (units times the
+/// interval past 2^51 µs) is cut, and the cut counted as forgiven; a
+/// decision another band refused forces nothing, so it forgives nothing,
+/// as in memory.
+#[tokio::test]
+async fn a_refused_decision_forgives_nothing_of_a_force_it_did_not_make() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let redis = super::script_only(&server.url()).await;
+    let memory = MemoryStorage::new();
+    let clock: Arc<dyn Clock> = Arc::new(tower_rate_tier::clock::SystemClock);
+    let tokens = tower_rate_tier::quota::Unit::new("tokens").unwrap();
+    let bands = [Quota::per_minute(10), Quota::per_day(1_000).in_unit(tokens)];
+    let force = |requests| {
+        Op::Each(
+            Amounts::new()
+                .with(Amount::Charge(requests))
+                .with_debt(Amount::Force(30_000_000), 100),
+        )
+    };
+    for (user, requests, allowed) in [("recorded", 0, true), ("refused", 11, false)] {
+        let key = super::key("llm", user);
+        let m = memory.decide(key, &bands, force(requests), &clock).await.unwrap();
+        let r = redis.decide(key, &bands, force(requests), &clock).await.unwrap();
+        assert_eq!((m.allowed, r.allowed), (allowed, allowed), "{user}");
+        assert_eq!(r.bands[1].forgiven, m.bands[1].forgiven, "{user}");
+    }
+}
+
 /// A unit band whose interval is not a whole number of microseconds
 /// (7,000,000 an hour: 514,286 ns, which the scripts count as 515 µs):
 /// Redis behind its deny cache admits a requirement as soon as Redis alone

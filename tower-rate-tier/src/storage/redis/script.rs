@@ -211,8 +211,12 @@ impl Args {
     }
 
     /// The script's `decision` of these arguments, with the units of forced
-    /// bands their spans could not carry counted as forgiven.
+    /// bands their spans could not carry counted as forgiven (when it was
+    /// admitted: a refused decision forced nothing).
     pub(super) fn complete(&self, mut decision: Decision) -> Decision {
+        if !decision.allowed {
+            return decision;
+        }
         for (state, cut) in decision.bands.iter_mut().zip(&self.cut) {
             state.forgiven = state.forgiven.saturating_add(*cut);
         }
