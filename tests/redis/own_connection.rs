@@ -26,7 +26,14 @@ const TLS_TIMEOUT: Duration = Duration::from_secs(5);
 const NEEDED: [&str; 7] = ["+evalsha", "+eval", "+time", "+get", "+mget", "+set", "+del"];
 
 /// What a tier with a concurrency limit adds to [`NEEDED`] (its slots).
-const SLOT_COMMANDS: [&str; 6] = ["+zremrangebyscore", "+zcard", "+zadd", "+zrem", "+zrange", "+pexpire"];
+const SLOT_COMMANDS: [&str; 6] = [
+    "+zremrangebyscore",
+    "+zcard",
+    "+zadd",
+    "+zrem",
+    "+zrange",
+    "+pexpire",
+];
 
 /// Creates ACL user `name` (password `pw`) with keys `acl:*` and `grants`.
 fn acl_user(server: &RedisServer, name: &str, grants: &[&str]) {

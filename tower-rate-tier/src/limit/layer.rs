@@ -72,6 +72,12 @@ use crate::tier::{RateLimited, RateTier};
 /// `into_make_service_with_connect_info::<SocketAddr>()` (or insert a
 /// [`PeerAddr`](crate::PeerAddr)), or they all share one bucket (the layer
 /// logs a warning the first time).
+///
+/// Clones share the route costs the layer learned (by method and
+/// `MatchedPath`; axum makes the service anew for each request of a
+/// handler, from a clone). Two routers that serve the same method and path
+/// at different prices take a layer each, made with
+/// [`TierLimitLayer::new`], not clones of one.
 #[derive(Clone)]
 pub struct TierLimitLayer {
     pub(crate) config: Arc<LayerConfig>,
