@@ -235,10 +235,13 @@ fn to_grpc(refusal: Response<Bytes>, retry_pushback: bool, content_type: HeaderV
         .and_then(serde_json::Value::as_array)
         .map(|names| names.iter().filter_map(serde_json::Value::as_str).collect())
         .unwrap_or_default();
+    // The items are named from the tier as a Structured Fields string can
+    // hold it (`café` is `caf?`).
+    let policy = tier.map(crate::headers::policy_name);
     // A refusal by the concurrency limit names its item alone
     // (`free.concurrency`), and `limit` is that limit.
-    let in_flight = match (tier, violated.as_slice()) {
-        (Some(tier), [name]) if name.strip_prefix(tier) == Some(".concurrency") => {
+    let in_flight = match (tier, policy.as_deref(), violated.as_slice()) {
+        (Some(tier), Some(policy), [name]) if name.strip_prefix(policy) == Some(".concurrency") => {
             let at_once = number("limit")
                 .map(|n| format!(" ({n} at once)"))
                 .unwrap_or_default();
@@ -281,7 +284,9 @@ fn to_grpc(refusal: Response<Bytes>, retry_pushback: bool, content_type: HeaderV
                 for name in violated {
                     let description = match &in_flight {
                         Some(in_flight) => in_flight.clone(),
-                        None if name == tier => format!("the quota of tier {tier} is spent"),
+                        None if Some(name) == policy.as_deref() => {
+                            format!("the quota of tier {tier} is spent")
+                        }
                         None => format!("the quota of policy {name} of tier {tier} is spent"),
                     };
                     details.add_quota_failure_violation(format!("tier:{name}"), description);
@@ -462,6 +467,33 @@ mod tests {
         assert_eq!(
             failure.violations[1].description,
             "the quota of policy multi.2 of tier multi is spent"
+        );
+    }
+
+    /// The items of a tier named outside printable ASCII are named with
+    /// `?` (`café` is `caf?`): a refusal is still told apart by them.
+    #[test]
+    fn a_tier_named_outside_ascii_is_matched_by_its_items() {
+        let status = |body: &'static str| {
+            let mut limited = Response::new(Bytes::from_static(body.as_bytes()));
+            *limited.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+            limited.headers_mut().insert(RETRY_AFTER, HeaderValue::from(1));
+            let response = refusal(&headers("application/grpc"), limited, false);
+            Status::from_header_map(response.headers()).unwrap()
+        };
+        let in_flight = status(
+            r#"{"tier":"café","retry_after":1,"limit":1,"unit":"concurrent-requests","violated-policies":["caf?.concurrency"]}"#,
+        );
+        let expected = "too many requests in flight for the concurrency limit of tier café (1 at once)";
+        assert_eq!(in_flight.message(), format!("{expected}; retry in 1 s"));
+        let failure = in_flight.get_error_details().quota_failure().cloned().unwrap();
+        assert_eq!(failure.violations[0].subject, "tier:caf?.concurrency");
+        assert_eq!(failure.violations[0].description, expected);
+        let spent = status(r#"{"tier":"café","retry_after":1,"violated-policies":["caf?"]}"#);
+        let failure = spent.get_error_details().quota_failure().cloned().unwrap();
+        assert_eq!(
+            failure.violations[0].description,
+            "the quota of tier café is spent"
         );
     }
 

@@ -347,7 +347,7 @@ pub(crate) fn number(n: u64) -> HeaderValue {
 /// The tier's part of its items' names: its name, with every character a
 /// Structured Fields string cannot hold (anything but printable ASCII)
 /// replaced by `?`.
-fn policy_name(tier: &str) -> String {
+pub(crate) fn policy_name(tier: &str) -> String {
     tier.chars()
         .map(|c| if matches!(c, ' '..='~') { c } else { '?' })
         .collect()
