@@ -320,3 +320,42 @@ async fn an_overflow_identity_settles_its_reservation_in_the_shared_bucket() {
         .unwrap()
         .expect("bob's unused 900 came back to the shared bucket");
 }
+
+/// A quota of a unit given as a request band (`Quota::in_unit` is public)
+/// would count requests under the unit's name: the builder and `set_tier`
+/// refuse it, and a contract's bands with one are ignored (the tier's
+/// bands stand in for them, under the tier's name).
+#[tokio::test]
+async fn a_quota_of_a_unit_is_no_request_band() {
+    let tokens = tower_rate_tier::quota::Unit::new("tokens").unwrap();
+    let of_tokens = Quota::per_minute(2).in_unit(tokens);
+    let error = RateTier::builder()
+        .tier("free", of_tokens)
+        .try_build()
+        .unwrap_err();
+    assert_eq!(
+        error,
+        BuildError::UnitInRequestBands("free".into(), "tokens".into())
+    );
+    assert!(error.to_string().contains("tier_unit"), "{error}");
+    let clock = FakeClock::new();
+    let tiers = llm(&clock);
+    let refused = tiers.set_tier("free", [Quota::per_minute(10), of_tokens]);
+    assert_eq!(
+        refused.unwrap_err(),
+        BuildError::UnitInRequestBands("free".into(), "tokens".into())
+    );
+    assert_eq!(tiers.quotas("free"), Some(vec![Quota::per_minute(10)]));
+    // a contract of such bands: ignored, the tier's bands count
+    let contract = tower_rate_tier::TierIdentity::new("acme", "free").with_quotas([of_tokens]);
+    let app = axum::Router::new()
+        .route("/", axum::routing::get(|| async { "ok" }))
+        .layer(tower_rate_tier::TierLimitLayer::new(tiers).identifier_fn(move |_| Some(contract.clone())));
+    let request = http::Request::get("/").body(axum::body::Body::empty()).unwrap();
+    let reply = tower_rate_tier_tests::reply::send(&app, request).await;
+    let policy = reply.header("ratelimit-policy").unwrap();
+    assert!(
+        policy.starts_with(r#""free";q=10;w=60, "free.tokens.0""#),
+        "{policy}"
+    );
+}

@@ -228,7 +228,8 @@ impl TierIdentity {
     /// and `RateLimit-Policy` show them under the tier's name. The tier must
     /// still be configured (or the layer's `OnUnknownTier` applies); bands
     /// that a tier could not have (none, too many, unlimited mixed with
-    /// limited) are ignored with a warning and the tier's are used; the
+    /// limited, a quota of a unit) are ignored with a warning and the
+    /// tier's are used; the
     /// rest of the contract (its concurrency limit, its units) still applies.
     ///
     /// ```

@@ -58,6 +58,10 @@ pub enum BuildError {
     /// A tier (tier, unit) has more than [`MAX_BANDS`] bands with its
     /// units.
     TooManyUnitBands(String, String),
+    /// A tier's request bands (tier, unit) hold a quota of a unit
+    /// ([`Quota::in_unit`]): a unit's bands are given with
+    /// [`RateTierBuilder::tier_unit`].
+    UnitInRequestBands(String, String),
 }
 
 impl fmt::Display for BuildError {
@@ -81,6 +85,11 @@ impl fmt::Display for BuildError {
             BuildError::InvalidUnitBands(t, u) => write!(
                 f,
                 "the unit `{u}` of tier `{t}` needs at least one limited band (`Quota::unlimited()` is not one)"
+            ),
+            BuildError::UnitInRequestBands(t, u) => write!(
+                f,
+                "tier `{t}` has a quota of the unit `{u}` among its request bands: give a unit's \
+                 bands with `.tier_unit(tier, unit, quotas)`"
             ),
             BuildError::TooManyUnitBands(t, u) => write!(
                 f,

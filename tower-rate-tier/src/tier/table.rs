@@ -146,6 +146,10 @@ impl TierEntry {
         if bands.len() > MAX_REQUEST_BANDS {
             return Err(BuildError::TooManyBands(name.into_owned()));
         }
+        if let Some(band) = bands.iter().find(|q| !q.unit().is_requests()) {
+            let unit = band.unit().as_str().to_owned();
+            return Err(BuildError::UnitInRequestBands(name.into_owned(), unit));
+        }
         let unlimited = bands.iter().filter(|q| q.is_unlimited()).count();
         if unlimited > 0 && unlimited < bands.len() {
             return Err(BuildError::UnlimitedWithBands(name.into_owned()));
