@@ -341,3 +341,44 @@ fn a_quarter_while_down() -> Fallback<Flaky> {
         .failures_to_switch(1)
         .build()
 }
+
+/// While the primary is down each of 4 instances has a quarter of
+/// `per_second(8)`: a burst of 2. A request costing 3 (within the tier's
+/// burst) is admitted once the local band is full, taking it whole; the
+/// next is refused, and its `Retry-After` comes true (it is not refused for
+/// as long as the outage lasts). On a plain tier, one with a concurrency
+/// limit and one with a unit (the three ways a request is charged).
+#[tokio::test]
+async fn a_request_above_the_local_share_waits_what_its_refusal_says() {
+    let plain = |builder: tower_rate_tier::RateTierBuilder| builder;
+    let slots = |builder: tower_rate_tier::RateTierBuilder| builder.tier_concurrency("free", 4);
+    let unit = |builder: tower_rate_tier::RateTierBuilder| {
+        builder.tier_unit("free", "tokens", Quota::per_minute(1_000))
+    };
+    for (shape, configure) in [
+        ("plain", &plain as &dyn Fn(_) -> _),
+        ("slots", &slots),
+        ("unit", &unit),
+    ] {
+        let clock = FakeClock::new();
+        let storage = a_quarter_while_down();
+        let builder = RateTier::builder()
+            .tier("free", Quota::per_second(8))
+            .clock(clock.clone())
+            .storage(storage.clone());
+        let app = Router::new().route("/", get(|| async { "ok" })).layer(
+            TierLimitLayer::new(configure(builder).build())
+                .identifier_fn(|_| Some(TierIdentity::new("ada", "free")))
+                .cost_fn(|_| Some(3)),
+        );
+        let first = send(&app, Request::get("/").body(Body::empty()).unwrap()).await;
+        assert_eq!(first.status, StatusCode::OK, "{shape}");
+        assert!(storage.is_local(), "{shape}");
+        let refused = send(&app, Request::get("/").body(Body::empty()).unwrap()).await;
+        assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS, "{shape}");
+        let wait: u64 = refused.header("retry-after").unwrap().parse().unwrap();
+        clock.advance(Duration::from_secs(wait));
+        let after = send(&app, Request::get("/").body(Body::empty()).unwrap()).await;
+        assert_eq!(after.status, StatusCode::OK, "{shape}: waited {wait} s as told");
+    }
+}

@@ -180,12 +180,14 @@ async fn a_killed_redis_is_answered_locally_and_takes_over_again_after_a_restart
     );
     // local decisions ask nothing of Redis
     assert!(!from_redis(&storage, "probe-less").await);
-    // a cost above the share's burst (10) is a denial, one above the tier's
-    // burst (40) the limiter's refusal as ever
+    // a cost above the share's burst (10) takes the share whole, then is a
+    // denial; one above the tier's burst (40) the limiter's refusal as ever
     let tiers = RateTier::builder()
         .tier("free", Quota::per_minute(40))
         .storage(storage.clone())
         .build();
+    let whole = tiers.check("costly", "free", 11).await.unwrap().unwrap();
+    assert_eq!(whole.remaining, 0);
     assert!(tiers.check("costly", "free", 11).await.unwrap().is_err());
     assert!(matches!(
         tiers.check("costly", "free", 41).await,

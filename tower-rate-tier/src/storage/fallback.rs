@@ -66,8 +66,10 @@
 //! rate). With the share set to 1 / (number of instances), all instances
 //! together admit about the full quota while each decides alone (a little
 //! more, from the rounding up of the bursts). A request costing more than a
-//! scaled burst (but not more than the full one) is denied with a 429, as a
-//! spent quota would be; it is never a 403. `X-RateLimit-Limit` still names
+//! scaled burst (but not more than the full one) is charged as the scaled
+//! burst: admitted once the share is full, taking it whole, and until then
+//! denied with a 429 whose wait comes true, as a spent quota would be; it
+//! is never a 403. `X-RateLimit-Limit` still names
 //! the configured burst; `Remaining` and the reset count from the share.
 //! A concurrency limit is scaled the same way (`ceil(limit × share)` slots,
 //! at least 1); a slot is given back to the local limiter whenever the

@@ -46,13 +46,14 @@ impl Shared {
         user.push(':');
         user.push_str(call.user);
         let op = match call.op {
+            Op::Charge(cost) => Op::Charge(local_cost(cost, call.bands, &scaled)),
             Op::Acquire { cost, slots } => Op::Acquire {
-                cost,
+                cost: local_cost(cost, call.bands, &scaled),
                 slots: scale_slots(slots, self.share),
             },
-            Op::Each(amounts) => Op::Each(scale_debts(amounts, self.share, &scaled)),
+            Op::Each(amounts) => Op::Each(scale_debts(amounts, self.share, call.bands, &scaled)),
             Op::AcquireEach { amounts, slots } => Op::AcquireEach {
-                amounts: scale_debts(amounts, self.share, &scaled),
+                amounts: scale_debts(amounts, self.share, call.bands, &scaled),
                 slots: scale_slots(slots, self.share),
             },
             op => op,
@@ -100,13 +101,36 @@ pub(super) fn scale_slots(slots: Slots, share: f64) -> Slots {
     Slots { limit, ..slots }
 }
 
+/// A request's cost for the local limiter's `scaled` bands: at most the
+/// smallest burst of its request bands. A cost within the tier's burst but
+/// above the share's could never fit (a 429 whose wait never comes true):
+/// it fits once the band is full again, takes it whole, and its wait says
+/// when.
+/// A cost above a band's own burst stays as it is: the primary would
+/// refuse it too.
+fn local_cost(cost: u32, bands: &[Quota], scaled: &[Quota]) -> u32 {
+    let requests = bands
+        .iter()
+        .zip(scaled)
+        .filter(|(q, _)| q.unit().is_requests() && !q.is_unlimited());
+    let mut local = cost;
+    for (band, share) in requests {
+        if cost > band.burst() {
+            return cost;
+        }
+        local = local.min(share.burst());
+    }
+    local
+}
+
 /// `amounts` for the local limiter's `scaled` bands: each debt bound scaled
-/// to the share, and a unit's reservation larger than one of its local
+/// to the share, a request's cost as [`local_cost`] says, and a unit's
+/// reservation larger than one of its local
 /// bands (which the share could never fit: a 429 whose wait never comes
 /// true) asked as the smallest of those bands instead, in every band of the
 /// unit (it fits once that band is full again, and its wait says when; the
 /// decision says what was not taken, see [`not_taken`]).
-pub(super) fn scale_debts(amounts: Amounts, share: f64, scaled: &[Quota]) -> Amounts {
+pub(super) fn scale_debts(amounts: Amounts, share: f64, bands: &[Quota], scaled: &[Quota]) -> Amounts {
     if share >= 1.0 {
         return amounts;
     }
@@ -124,6 +148,7 @@ pub(super) fn scale_debts(amounts: Amounts, share: f64, scaled: &[Quota]) -> Amo
                     .fold(n, u32::min);
                 Amount::Charge(fits)
             }
+            Amount::Charge(n) if band(i).unit().is_requests() => Amount::Charge(local_cost(n, bands, scaled)),
             other => other,
         };
         // `as` saturates

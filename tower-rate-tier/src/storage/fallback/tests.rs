@@ -372,20 +372,27 @@ fn one_failing_domain_leaves_the_others_on_the_primary() {
 }
 
 #[test]
-fn a_cost_above_the_scaled_burst_is_a_denial_not_an_error() {
+fn a_cost_above_the_scaled_burst_takes_the_share_whole_and_its_denials_wait_what_they_say() {
     let clock = FakeClock::new();
     let primary = Flaky::default();
     primary.fail(&[""]);
     let storage = Fallback::builder(primary).instances(4).build();
     let bands = [Quota::per_minute(100)];
-    // the share's burst is 25: 30 is denied (the limiter answers 429), and
-    // charges nothing
+    // the share's burst is 25: 30 takes the share whole once it is full
+    let all = decide(&storage, "cy", &bands, 30, &clock).unwrap();
+    assert!(all.allowed);
+    assert_eq!(all.bands[0].remaining, 0);
+    // then it is denied (the limiter answers 429) and charges nothing, and
+    // its wait comes true (a 403, or a 429 for as long as the outage lasts,
+    // would be the share's wrong answer)
     let denied = decide(&storage, "cy", &bands, 30, &clock).unwrap();
     assert!(!denied.allowed);
     assert!(denied.bands[0].retry_after_ns > 0);
-    let all = decide(&storage, "cy", &bands, 25, &clock).unwrap();
-    assert!(all.allowed);
-    assert_eq!(all.bands[0].remaining, 0);
+    clock.advance(Duration::from_nanos(denied.bands[0].retry_after_ns));
+    assert!(decide(&storage, "cy", &bands, 30, &clock).unwrap().allowed);
+    // a cost above the tier's own burst stays above it: denied, as the
+    // primary would
+    assert!(!decide(&storage, "dee", &bands, 101, &clock).unwrap().allowed);
 }
 
 /// Counts the fallback's warnings and info events.
