@@ -142,6 +142,9 @@ fn generate(input: &Input, mode: Mode) -> TokenStream {
 
         #(#const_checks)*
 
+        // A `#[deprecated]` enum or variant is the user's to warn about where
+        // the user names it, not in what the attribute generates.
+        #[allow(deprecated)]
         impl #ident {
             /// Every tier, in declaration order.
             #vis const ALL: &'static [Self] = &[#(#all),*];
@@ -164,6 +167,7 @@ fn generate(input: &Input, mode: Mode) -> TokenStream {
         }
 
         #[automatically_derived]
+        #[allow(deprecated)]
         impl ::core::fmt::Display for #ident {
             fn fmt(&self, #formatter: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
                 #formatter.pad(Self::name(*self))
@@ -171,6 +175,7 @@ fn generate(input: &Input, mode: Mode) -> TokenStream {
         }
 
         #[automatically_derived]
+        #[allow(deprecated)]
         impl ::core::str::FromStr for #ident {
             type Err = #private::ParseTierError;
 
@@ -183,6 +188,7 @@ fn generate(input: &Input, mode: Mode) -> TokenStream {
         }
 
         #[automatically_derived]
+        #[allow(deprecated)]
         impl #private::TierTable for #ident {
             fn all() -> &'static [Self] {
                 Self::ALL
@@ -361,6 +367,7 @@ fn const_checks(variant: &Variant, enum_ident: &Ident) -> TokenStream {
             .map_or_else(Span::call_site, |s| s.ident.span());
         quote_spanned! {span=>
             #(#cfgs)*
+            #[allow(deprecated)]
             const _: () = if #path == 0 {
                 ::core::panic!(#message)
             };

@@ -68,6 +68,22 @@ pub enum Extended {
     #[cfg(any())]
     #[tier(per_hour = limits::GONE)]
     Gone,
+    /// Deprecated: the generated items use it without a warning.
+    #[deprecated = "use `Monthly`"]
+    #[tier(per_day = 100, default)]
+    #[tier(unit = "tokens", per_day = 1_000)]
+    Legacy,
+}
+
+/// A deprecated table: the generated items use it without a warning.
+#[deprecated = "use `Plan`"]
+#[rate_tiers]
+pub enum OldPlan {
+    /// Its only tier, deprecated too.
+    #[deprecated = "use `Plan::Free`"]
+    #[tier(per_hour = limits::PER_HOUR, burst = limits::BURST, concurrent = 2, shadow)]
+    #[tier(unit = "tokens", count = 10, period_secs = limits::MONTH_SECS)]
+    Free,
 }
 
 impl Extended {
@@ -152,7 +168,8 @@ fn main() {
     assert_eq!(Extended::Weekly.quotas(), [Quota::per_week(1_000)]);
     let month = Duration::from_secs(30 * 86_400);
     assert_eq!(Extended::Monthly.quotas(), [Quota::per_period(3_000, month)]);
-    assert_eq!(Extended::ALL.len(), 3);
+    assert_eq!(Extended::ALL.len(), 4);
+    assert_eq!(Extended::default_tier().map(Extended::name), Some("legacy"));
 
     let tiers = RateTier::builder().tiers::<Plan>().build();
     assert_eq!(tiers.default_tier().as_deref(), Some("free"));
