@@ -50,7 +50,7 @@ mod tier_cost;
 /// | key | meaning |
 /// | --- | --- |
 /// | `per_second = n`, `per_minute = n`, `per_hour = n`, `per_day = n`, `per_week = n` | a band: `n` requests per period (`n` a non-zero `u32`); several keys make a multi-band tier whose bands must all admit a request |
-/// | `count = n, period_secs = s` | a band of `n` requests per `s` seconds (`s` a non-zero `u64`), for any other period; the two go together |
+/// | `count = n, period_secs = s` | a band of `n` requests per `s` seconds (`s` from 1 to 18,446,744,073, about 584 years: a quota's period is counted in `u64` nanoseconds), for any other period; the two go together |
 /// | `unlimited` | no limit (instead of bands) |
 /// | `burst = n` | the burst of a one-band tier (default `n` of the band) |
 /// | `concurrent = n` | at most `n` requests of one user in flight (`n` a non-zero `u32`; with `unlimited` too) |
@@ -97,8 +97,9 @@ mod tier_cost;
 ///   may limit its units).
 ///
 /// A number is an integer literal or the path of a `const` of the right
-/// type (`per_hour = limits::FREE_PER_HOUR`); a `const` that is zero is a
-/// compile error on its path, like a literal zero.
+/// type (`per_hour = limits::FREE_PER_HOUR`); a `const` that is zero, or a
+/// `period_secs` longer than 18,446,744,073 seconds, is a compile error on
+/// its path, like such a literal.
 ///
 /// A long period refills continuously, as every quota does:
 /// `count = 3_000, period_secs = 2_592_000` admits 3,000 requests at once,

@@ -21,6 +21,10 @@ pub(super) struct Bands {
     pub(super) burst: Option<Keyed<Number<u32>>>,
 }
 
+/// The longest `period_secs` the runtime's `Quota::per_period` takes: a
+/// period is counted in `u64` nanoseconds (about 584 years).
+pub(super) const MAX_PERIOD_SECS: u64 = u64::MAX / 1_000_000_000;
+
 /// A value with the key that introduced it.
 pub(super) struct Keyed<T> {
     pub(super) key: Ident,
@@ -127,5 +131,19 @@ impl Bands {
     /// A `count` or a `period_secs` without the other.
     pub(super) fn unpaired(&self) -> bool {
         self.count.is_some() || self.period_secs.is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::MAX_PERIOD_SECS;
+
+    #[test]
+    fn the_longest_period_is_the_runtimes() {
+        let period = |secs| trt::Quota::try_per_period(1, Duration::from_secs(secs));
+        assert!(period(MAX_PERIOD_SECS).is_ok());
+        assert!(period(MAX_PERIOD_SECS + 1).is_err());
     }
 }

@@ -8,7 +8,7 @@ use syn::punctuated::Punctuated;
 use syn::{Attribute, Ident, Item, ItemEnum, Meta, Path, Token, parse_quote};
 
 use super::ast::{Input, Variant};
-use super::bands::{Bands, Period};
+use super::bands::{Bands, MAX_PERIOD_SECS, Period};
 use super::number::{Number, path_name};
 use crate::errors::Errors;
 use crate::krate;
@@ -270,7 +270,7 @@ fn band_quotas(bands: &Bands, private: &TokenStream) -> TokenStream {
                 quote!(#private::Quota::#constructor(#count) #burst)
             }
             Period::Secs(period) => {
-                let secs = number(&period.value, "u64", Literal::u64_unsuffixed);
+                let secs = period_secs(&period.value);
                 quote!(#private::Quota::per_period(#count, ::core::time::Duration::from_secs(#secs)) #burst)
             }
         }
@@ -296,10 +296,27 @@ fn number<T: Copy>(number: &Number<T>, ty: &str, literal: fn(T) -> Literal) -> T
     }
 }
 
+/// A checked `period_secs`, like [`number`]: a `const` that is zero or too
+/// long fails the build in `const_checks`, and the table takes 1 instead.
+fn period_secs(number: &Number<u64>) -> TokenStream {
+    match number {
+        Number::Lit { value, .. } => value.map(Literal::u64_unsuffixed).into_token_stream(),
+        Number::Const(path) => {
+            let value = Ident::new("__trt_n", Span::mixed_site());
+            let max = Literal::u64_unsuffixed(MAX_PERIOD_SECS);
+            quote!({
+                let #value: ::core::primitive::u64 = #path;
+                if #value == 0 || #value > #max { 1 } else { #value }
+            })
+        }
+    }
+}
+
 /// For each `const` of a variant's `#[tier(..)]`s, an item that fails to
-/// compile if it is zero, with the error on the `const`'s name. (The `Quota`
-/// constructors would panic too, but only where `quotas()` is compiled to
-/// machine code, and with an error inside the runtime crate.)
+/// compile if it is zero (or, for `period_secs`, longer than the runtime
+/// takes), with the error on the `const`'s name. (The `Quota` constructors
+/// would panic too, but only where `quotas()` is compiled to machine code,
+/// and with an error inside the runtime crate.)
 fn const_checks(variant: &Variant, enum_ident: &Ident) -> TokenStream {
     let mut numbers: Vec<(String, &Number<u32>)> = Vec::new();
     let mut periods = Vec::new();
@@ -340,20 +357,26 @@ fn const_checks(variant: &Variant, enum_ident: &Ident) -> TokenStream {
                 "`{key}` must be at least 1, and `{}` is 0: a zero {what} admits nothing",
                 path_name(path)
             );
-            checks.push((path, message));
+            checks.push((path, quote!(== 0), message));
         }
     }
     for value in periods {
         if let Number::Const(path) = value {
-            let message = format!(
-                "`period_secs` must be at least 1, and `{}` is 0: a quota needs a non-zero period",
-                path_name(path)
+            let name = path_name(path);
+            let zero = format!(
+                "`period_secs` must be at least 1, and `{name}` is 0: a quota needs a non-zero period"
             );
-            checks.push((path, message));
+            checks.push((path, quote!(== 0), zero));
+            let max = Literal::u64_unsuffixed(MAX_PERIOD_SECS);
+            let too_long = format!(
+                "`period_secs` must be at most {MAX_PERIOD_SECS} (about 584 years), and `{name}` is more: \
+                 a quota's period is counted in `u64` nanoseconds"
+            );
+            checks.push((path, quote!(> #max), too_long));
         }
     }
     let cfgs = &variant.cfgs;
-    let checks = checks.into_iter().map(|(path, message)| {
+    let checks = checks.into_iter().map(|(path, refused, message)| {
         // Outside the impl `Self` means nothing: name the enum.
         let mut path = path.clone();
         if let Some(first) = path.segments.first_mut().filter(|s| s.ident == "Self") {
@@ -368,7 +391,7 @@ fn const_checks(variant: &Variant, enum_ident: &Ident) -> TokenStream {
         quote_spanned! {span=>
             #(#cfgs)*
             #[allow(deprecated)]
-            const _: () = if #path == 0 {
+            const _: () = if #path #refused {
                 ::core::panic!(#message)
             };
         }

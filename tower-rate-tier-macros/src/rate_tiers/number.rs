@@ -118,6 +118,15 @@ impl<T: Integer> Number<T> {
         matches!(self, Number::Lit { value: Some(value), .. } if *value == T::ZERO)
     }
 
+    /// The value of a literal (`None` for a `const`, or a literal already
+    /// reported as wrong).
+    pub(super) fn literal(&self) -> Option<T> {
+        match self {
+            Number::Lit { value, .. } => *value,
+            Number::Const(_) => None,
+        }
+    }
+
     /// Where the number is written.
     pub(super) fn span(&self) -> Span {
         match self {

@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet};
 use quote::ToTokens;
 
 use super::ast::{Input, Tier, Variant};
-use super::bands::{Bands, Period};
+use super::bands::{Bands, MAX_PERIOD_SECS, Period};
 use super::unit::UnitLimit;
 use crate::errors::Errors;
 
@@ -286,8 +286,9 @@ fn unit_name_problem(name: &str) -> Option<String> {
 }
 
 impl Bands {
-    /// The rules of the bands alone: literal zeros (a `const` that is zero
-    /// is the generated code's to report), and `count` with `period_secs`.
+    /// The rules of the bands alone: literal zeros and periods too long (a
+    /// `const` that is either is the generated code's to report), and
+    /// `count` with `period_secs`.
     /// `counted` is what a band counts, for the messages: `requests`,
     /// `tokens`.
     fn validate(&self, counted: &str, errors: &mut Errors) {
@@ -310,6 +311,14 @@ impl Bands {
                 errors.at(
                     period.value.span(),
                     "`period_secs` must be at least 1: a quota needs a non-zero period",
+                );
+            } else if period.value.literal().is_some_and(|secs| secs > MAX_PERIOD_SECS) {
+                errors.at(
+                    period.value.span(),
+                    format_args!(
+                        "`period_secs` must be at most {MAX_PERIOD_SECS} (about 584 years): a quota's period is \
+                         counted in `u64` nanoseconds"
+                    ),
                 );
             }
         }
