@@ -91,7 +91,8 @@ mod tier_cost;
 /// - The name is a string literal of 1 to 24 bytes: lowercase ASCII
 ///   letters, digits, `-` and `_`, starting with a letter. `requests`,
 ///   `concurrent-requests` and `concurrency` are reserved; a unit appears
-///   once per variant.
+///   once per variant, and two units of a variant whose ids (a 32-bit hash
+///   of the name) collide are an error: rename one.
 /// - `unlimited`, `concurrent`, `name`, `default` and `shadow` belong to
 ///   the tier's attribute, which a variant still needs (an `unlimited` tier
 ///   may limit its units).

@@ -106,6 +106,20 @@ fn read_key(
     bands.read(key, kind, meta, errors)
 }
 
+/// The id the runtime keys a unit's state by: FNV-1a of the name, never 0
+/// (that is requests). It must stay the same function as the id computed in
+/// `tower_rate_tier::quota::Unit::new` (tower-rate-tier/src/quota/unit.rs),
+/// so that two units of a tier whose ids collide are refused here rather
+/// than by the runtime's `build()`.
+pub(super) fn unit_id(name: &str) -> u32 {
+    let mut id: u32 = 0x811c_9dc5;
+    for &b in name.as_bytes() {
+        id ^= u32::from(b);
+        id = id.wrapping_mul(0x0100_0193);
+    }
+    id.max(1)
+}
+
 /// The message for a key of the tier itself in a unit attribute.
 fn not_in_unit(key: &Ident, kind: Key) -> String {
     match kind {
@@ -117,5 +131,26 @@ fn not_in_unit(key: &Ident, kind: Key) -> String {
              or `count` with `period_secs`, and `burst`)"
         ),
         _ => format!("`{key}` does not go with `unit`: it belongs on the tier's attribute without `unit`"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unit_id;
+
+    #[test]
+    fn ids_are_the_runtimes() {
+        for name in [
+            "tokens",
+            "content-bytes",
+            "glbvs",
+            "yacxa",
+            "a",
+            "a-twenty-four-byte-unit_",
+        ] {
+            let unit = trt::quota::Unit::new(name).unwrap();
+            assert_eq!(unit_id(name), unit.id(), "{name}");
+        }
+        assert_eq!(unit_id("glbvs"), unit_id("yacxa"));
     }
 }

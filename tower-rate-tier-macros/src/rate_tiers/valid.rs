@@ -1,12 +1,13 @@
 //! The rules of `#[rate_tiers]` that span several keys or variants.
 
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 
 use quote::ToTokens;
 
 use super::ast::{Input, Tier, Variant};
 use super::bands::{Bands, MAX_PERIOD_SECS, Period};
-use super::unit::UnitLimit;
+use super::unit::{UnitLimit, unit_id};
 use crate::errors::Errors;
 
 /// The longest tier name the runtime accepts, in bytes.
@@ -130,11 +131,30 @@ impl Variant {
         }
 
         let mut units = HashSet::new();
+        let mut ids: HashMap<u32, String> = HashMap::new();
         for unit in &self.units {
             unit.validate(errors);
             let (Some(lit), Some(name)) = (&unit.unit, unit.name()) else {
                 continue;
             };
+            // A wrong name is reported already; a repeated one just below.
+            if unit_name_problem(&name).is_none() {
+                match ids.entry(unit_id(&name)) {
+                    Entry::Occupied(other) if *other.get() != name => errors.spanned(
+                        lit,
+                        format_args!(
+                            "units `{}` and `{name}` of `{}` have the same id (a hash collision: their state \
+                             would be shared); rename one",
+                            other.get(),
+                            self.ident
+                        ),
+                    ),
+                    Entry::Occupied(_) => {}
+                    Entry::Vacant(slot) => {
+                        slot.insert(name.clone());
+                    }
+                }
+            }
             if units.contains(&name) {
                 errors.spanned(
                     lit,
