@@ -165,7 +165,7 @@ pub fn rate_tiers(args: TokenStream, item: TokenStream) -> TokenStream {
 ///
 /// It takes one cost, an integer literal that fits a `u32` or the path of a
 /// `u32` `const` (`#[tier_cost(costs::SEARCH)]`; 0 is a valid cost), and goes
-/// on an `async fn` that is not a method (no `self`). The expansion merges an extractor that
+/// once on an `async fn` that is not a method (no `self`). The expansion merges an extractor that
 /// settles the charge into the handler's first argument, as a tuple
 /// (`(__trt_cost, State(app)): (TierCostGuard<5>, State<App>)`), so the
 /// handler keeps its arity (axum's limit of 16 extractors still holds) and

@@ -112,6 +112,20 @@ fn check_handler(item: Item, errors: &mut Errors) -> Result<ItemFn, TokenStream>
             return Err(other.into_token_stream());
         }
     };
+    // The attributes above this one are expanded already; those below are
+    // still on the item.
+    let repeated = handler.attrs.iter().filter(|attr| {
+        attr.path()
+            .segments
+            .last()
+            .is_some_and(|segment| segment.ident == "tier_cost")
+    });
+    for attr in repeated {
+        errors.spanned(
+            attr,
+            "`#[tier_cost]` specified more than once: a handler has one cost",
+        );
+    }
     let sig = &handler.sig;
     if sig.asyncness.is_none() {
         errors.spanned(
