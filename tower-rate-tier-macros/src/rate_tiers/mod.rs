@@ -1,8 +1,9 @@
 //! `#[rate_tiers]`: parse ([`ast`]), validate ([`valid`]), generate
-//! ([`expand`]).
+//! ([`expand`], with the checks of `const`s in [`checks`]).
 
 mod ast;
 mod bands;
+mod checks;
 mod expand;
 mod keys;
 mod number;

@@ -210,15 +210,13 @@ impl Args {
         }
     }
 
-    /// The script's `decision` of these arguments, with the units of forced
-    /// bands their spans could not carry counted as forgiven (when it was
-    /// admitted: a refused decision forced nothing).
+    /// The script's `decision`, with the units of forced bands their spans
+    /// could not carry counted as forgiven (a refusal forced nothing).
     pub(super) fn complete(&self, mut decision: Decision) -> Decision {
-        if !decision.allowed {
-            return decision;
-        }
-        for (state, cut) in decision.bands.iter_mut().zip(&self.cut) {
-            state.forgiven = state.forgiven.saturating_add(*cut);
+        if decision.allowed {
+            for (state, cut) in decision.bands.iter_mut().zip(&self.cut) {
+                state.forgiven = state.forgiven.saturating_add(*cut);
+            }
         }
         decision
     }
