@@ -169,6 +169,13 @@ impl Quota {
 
     /// The same sustained rate with another burst. Panics if `burst` is 0.
     /// An unlimited quota stays unlimited.
+    ///
+    /// Keep a burst's full refill (`burst` emission intervals) within a few
+    /// centuries: the memory storage keeps a band's state in `u64`
+    /// nanoseconds since the Unix epoch (until the year 2554), and a band
+    /// spent further than that saturates there and looks refilled sooner
+    /// than it is (one a week with a burst of 100,000, 1,917 years, does);
+    /// Redis caps a band's span at 2^51 µs (71 years).
     pub const fn with_burst(self, burst: u32) -> Quota {
         if burst == 0 {
             panic!("a quota needs a non-zero burst (with_burst(0) admits nothing)");
