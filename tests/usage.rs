@@ -567,6 +567,62 @@ async fn usage_that_a_failed_write_could_not_record_is_reported_as_lost() {
     ));
 }
 
+/// The memory storage, failing every settlement of a reservation (a forced
+/// charge beyond it, or a refund of its unused part).
+#[derive(Debug)]
+struct SettlementsFail(tower_rate_tier::storage::MemoryStorage);
+
+impl tower_rate_tier::storage::Storage for SettlementsFail {
+    fn decide(
+        &self,
+        key: tower_rate_tier::storage::StorageKey<'_>,
+        bands: &[Quota],
+        op: tower_rate_tier::storage::Op,
+        clock: &Arc<dyn tower_rate_tier::clock::Clock>,
+    ) -> tower_rate_tier::storage::Decide {
+        use tower_rate_tier::storage::{Amount, Decide, Op, StorageError, StorageErrorKind};
+        let settles = |amount| matches!(amount, Amount::Force(1..) | Amount::Refund(1..));
+        if let Op::Each(amounts) = op
+            && amounts.iter().any(|(amount, _)| settles(amount))
+        {
+            return Decide::ready(Err(StorageError::new(StorageErrorKind::Unavailable, "down")));
+        }
+        self.0.decide(key, bands, op, clock)
+    }
+}
+
+/// A settlement that fails loses only what it was to charge beyond the
+/// reservation: the reserved part was charged, and is recorded. A failed
+/// refund of a reservation's unused part loses no usage (it stays charged).
+#[tokio::test]
+async fn a_failed_settlement_loses_only_what_the_reservation_did_not_charge() {
+    let tiers = RateTier::builder()
+        .tier("free", Quota::per_minute(10))
+        .tier_unit("free", "tokens", Quota::per_minute(1_000))
+        .storage(SettlementsFail(tower_rate_tier::storage::MemoryStorage::new()))
+        .clock(FakeClock::new())
+        .build();
+    let lost = Arc::new(Mutex::new(Vec::new()));
+    let seen = lost.clone();
+    let app = routes().layer(
+        TierLimitLayer::new(tiers.clone())
+            .identifier_fn(header_identity)
+            .on_event(move |event| {
+                if let RateLimitEvent::UsageLost { units, .. } = event {
+                    seen.lock().unwrap().push(*units);
+                }
+            }),
+    );
+    let over = send(&app, get_as("ada", "/complete?reserve=100&use=300")).await;
+    assert_eq!(over.status, StatusCode::OK);
+    assert_eq!(*lost.lock().unwrap(), [200], "100 of the 300 were reserved");
+    assert_eq!(left(&tiers, "ada", "tokens").await, 900);
+    let under = send(&app, get_as("bea", "/complete?reserve=100&use=30")).await;
+    assert_eq!(under.status, StatusCode::OK);
+    assert_eq!(*lost.lock().unwrap(), [200], "the 30 used were charged");
+    assert_eq!(left(&tiers, "bea", "tokens").await, 900);
+}
+
 #[tokio::test]
 async fn a_program_record_with_the_tiers_bands_keeps_a_contracts_own_unit_state() {
     let clock = FakeClock::new();

@@ -130,31 +130,35 @@ impl Charge {
             let parts = reserved.take(back);
             let last = parts.each().count();
             for (i, (units, decided_by)) in parts.each().enumerate() {
-                let reported = if i + 1 == last { used } else { 0 };
-                self.settle_part(unit, reported, Amount::Refund(units), decided_by);
+                let used = if i + 1 == last { used } else { 0 };
+                // what was used was charged by the reservation: a failed
+                // refund loses none of it
+                let usage = Usage { used, lost: 0 };
+                self.settle_part(unit, usage, Amount::Refund(units), decided_by);
             }
             return;
         }
-        self.settle_part(unit, used, amount, DecisionSource::Storage);
+        // beyond the reservation: what a failed charge loses
+        let lost = match amount {
+            Amount::Force(more) => more,
+            _ => 0,
+        };
+        self.settle_part(unit, Usage { used, lost }, amount, DecisionSource::Storage);
     }
 
     /// Starts `amount` of `unit` (a refund: of what a decision of
-    /// `decided_by` reserved) and reports `used` when it is settled.
-    fn settle_part(&self, unit: &str, used: u32, amount: Amount, decided_by: DecisionSource) {
+    /// `decided_by` reserved) and reports `usage` when it is settled.
+    fn settle_part(&self, unit: &str, usage: Usage, amount: Amount, decided_by: DecisionSource) {
         let tiers = &self.ledger.tiers;
         match tiers.start_usage(self.user.id(), &self.tier, unit, amount, Some(decided_by)) {
-            Ok(decide) => self.settled(unit, used, decide),
-            Err(error) => {
-                self.ledger
-                    .refusals
-                    .usage_lost(self.user.as_str(), &self.tier.name, unit, used, &error)
-            }
+            Ok(decide) => self.settled(unit, usage, decide),
+            Err(error) => usage.failed(&self.ledger, self.user.as_str(), &self.tier.name, unit, &error),
         }
     }
 
     /// Reports what a settlement forgave, or lost, now or when the storage
     /// answers (only then are the charge's names copied, for the task).
-    fn settled(&self, unit: &str, used: u32, decide: Decide) {
+    fn settled(&self, unit: &str, usage: Usage, decide: Decide) {
         let decided = match decide.into_ready() {
             Ok(decided) => decided,
             Err(pending) => match tokio::runtime::Handle::try_current() {
@@ -162,7 +166,7 @@ impl Charge {
                     let (ledger, user, tier) = (self.ledger.clone(), self.user.clone(), self.tier.clone());
                     let unit = unit.to_owned();
                     runtime.spawn(async move {
-                        report(&ledger, user.as_str(), &tier, &unit, used, pending.await);
+                        report(&ledger, user.as_str(), &tier, &unit, usage, pending.await);
                     });
                     return;
                 }
@@ -172,7 +176,7 @@ impl Charge {
                 )),
             },
         };
-        report(&self.ledger, self.user.as_str(), &self.tier, unit, used, decided);
+        report(&self.ledger, self.user.as_str(), &self.tier, unit, usage, decided);
     }
 
     /// Gives back `n` units of `unit` this charge reserved (a reservation
@@ -206,7 +210,7 @@ impl Charge {
                     .tiers
                     .start_usage(self.user.id(), &self.tier, unit, refund, Some(decided_by))
             {
-                self.settled(unit, 0, decide);
+                self.settled(unit, Usage { used: 0, lost: 0 }, decide);
             }
         }
     }
@@ -286,14 +290,42 @@ impl UsageSink for Charge {
     }
 }
 
-/// Reports a settlement of `used` units of `unit` by `user` of `tier`:
+/// What a settlement reports: `used` units of usage, of which `lost` are
+/// lost when its storage call fails (what it charges beyond the
+/// reservation; the rest the reservation charged).
+#[derive(Clone, Copy)]
+struct Usage {
+    used: u32,
+    lost: u32,
+}
+
+impl Usage {
+    /// Reports a settlement whose storage call failed: what the
+    /// reservation charged is recorded, what was to be charged beyond it
+    /// is lost; a failed refund loses no usage (the unused part stays
+    /// charged, as any failed refund).
+    fn failed(self, ledger: &Ledger, user: &str, tier: &str, unit: &str, error: &CheckError) {
+        let refusals = &ledger.refusals;
+        let lost = self.lost.min(self.used);
+        if self.used > lost {
+            refusals.usage_recorded(user, tier, unit, self.used - lost, 0);
+        }
+        if lost > 0 {
+            refusals.usage_lost(user, tier, unit, lost, error);
+        } else {
+            refusals.refund_failed(error);
+        }
+    }
+}
+
+/// Reports a settlement of `usage` of `unit` by `user` of `tier`:
 /// recorded (and what its debt bound forgave), or lost.
 fn report(
     ledger: &Ledger,
     user: &str,
     tier: &TierEntry,
     unit: &str,
-    used: u32,
+    usage: Usage,
     decided: Result<Decision, StorageError>,
 ) {
     match decided {
@@ -301,11 +333,8 @@ fn report(
             let units = tier.unit(unit).map_or(0, |bands| forgiven(bands, &decision));
             ledger
                 .refusals
-                .usage_recorded(user, &tier.name, unit, used, units);
+                .usage_recorded(user, &tier.name, unit, usage.used, units);
         }
-        Err(error) => {
-            let error = CheckError::Storage(error);
-            ledger.refusals.usage_lost(user, &tier.name, unit, used, &error);
-        }
+        Err(error) => usage.failed(ledger, user, &tier.name, unit, &CheckError::Storage(error)),
     }
 }
