@@ -20,6 +20,8 @@ use tower_rate_tier::storage::{
 use tower_rate_tier::{OnMissing, OnStorageError, OnUnknownTier, Quota, RateTier, TierLimitLayer};
 use tower_rate_tier_tests::reply::{header_identity, send};
 
+#[path = "request_metrics/cancelled.rs"]
+mod cancelled;
 #[path = "request_metrics/metered_fallback.rs"]
 mod metered_fallback;
 

@@ -4,7 +4,7 @@
 //! | name | type | labels | what |
 //! | --- | --- | --- | --- |
 //! | `tower_rate_tier_requests_total` | counter | `tier`, `outcome` | every request the layer decides, once ([`TierLimitLayer::metrics`](crate::TierLimitLayer::metrics)) |
-//! | `tower_rate_tier_storage_duration_seconds` | histogram | `storage` | each storage operation, from the call to its answer ([`MeteredStorage`]) |
+//! | `tower_rate_tier_storage_duration_seconds` | histogram | `storage` | each storage operation, from the call to its answer, or until its caller stopped waiting ([`MeteredStorage`]) |
 //! | `tower_rate_tier_storage_errors_total` | counter | `storage`, `kind` | failed storage operations ([`MeteredStorage`]); `kind` is `timeout`, `unavailable`, `full` or `other` |
 //! | `tower_rate_tier_deny_cache_hits_total` | counter | `storage` | denials answered by a deny cache without asking the storage ([`MeteredStorage`] around it) |
 //! | `tower_rate_tier_concurrent_requests` | gauge | `tier` | slots of the tier's concurrency limit held now by requests this layer admitted, all users together ([`TierLimitLayer::metrics`](crate::TierLimitLayer::metrics)) |
@@ -43,7 +43,14 @@
 //! edge admitted (possible only while the limiter is still learning that
 //! route's cost, or for a declaration that runs on some requests only)
 //! counts as `allowed`; [`on_event`](crate::TierLimitLayer::on_event)
-//! reports that refusal.
+//! reports that refusal. A request dropped before its decision (its client
+//! gone, an outer timeout while the storage waits) is not counted; the
+//! storage call it waited for is timed until then.
+//!
+//! Limiters stacked under one recorder with `metrics(true)` each count
+//! the requests they decide, in the same series when their tier names
+//! are the same: turn metrics on in one of them (the edge, say), or give
+//! the others tier names of their own.
 //!
 //! # Installing a recorder
 //!

@@ -21,7 +21,8 @@ use crate::storage::{
 /// ([`STORAGE_DURATION_SECONDS`]) and counts its failures by kind
 /// ([`STORAGE_ERRORS_TOTAL`]), both labelled `storage` with the name you
 /// give. A decision that is ready at once is timed without allocating; one
-/// that waits (Redis) is timed until its answer.
+/// that waits (Redis) is timed until its answer, or until its caller stops
+/// waiting for it (an outer timeout: its duration so far, and no error).
 ///
 /// ```
 /// use tower_rate_tier::metrics::MeteredStorage;
@@ -102,13 +103,35 @@ impl Probe {
                 Decide::ready(result)
             }
             Err(pending) => {
-                let probe = self.clone();
+                let mut timing = Timing {
+                    probe: self.clone(),
+                    started,
+                    answered: false,
+                };
                 Decide::pending(async move {
                     let result = pending.await;
-                    probe.record(started, call, &result);
+                    timing.probe.record(started, call, &result);
+                    timing.answered = true;
                     result
                 })
             }
+        }
+    }
+}
+
+/// A call that waits, timed until its answer or until its caller stops
+/// waiting for it (an outer timeout, a client gone): then its duration so
+/// far is recorded, and no error (none was answered).
+struct Timing {
+    probe: Arc<Probe>,
+    started: Instant,
+    answered: bool,
+}
+
+impl Drop for Timing {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.probe.duration.record(self.started.elapsed().as_secs_f64());
         }
     }
 }
