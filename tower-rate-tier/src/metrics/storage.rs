@@ -104,14 +104,14 @@ impl Probe {
             }
             Err(pending) => {
                 let mut timing = Timing {
-                    probe: self.clone(),
+                    probe: Some(self.clone()),
                     started,
-                    answered: false,
                 };
                 Decide::pending(async move {
                     let result = pending.await;
-                    timing.probe.record(started, call, &result);
-                    timing.answered = true;
+                    if let Some(probe) = timing.probe.take() {
+                        probe.record(started, call, &result);
+                    }
                     result
                 })
             }
@@ -123,15 +123,15 @@ impl Probe {
 /// waiting for it (an outer timeout, a client gone): then its duration so
 /// far is recorded, and no error (none was answered).
 struct Timing {
-    probe: Arc<Probe>,
+    /// Taken once the call is answered.
+    probe: Option<Arc<Probe>>,
     started: Instant,
-    answered: bool,
 }
 
 impl Drop for Timing {
     fn drop(&mut self) {
-        if !self.answered {
-            self.probe.duration.record(self.started.elapsed().as_secs_f64());
+        if let Some(probe) = self.probe.take() {
+            probe.duration.record(self.started.elapsed().as_secs_f64());
         }
     }
 }
