@@ -382,3 +382,64 @@ async fn a_request_above_the_local_share_waits_what_its_refusal_says() {
         assert_eq!(after.status, StatusCode::OK, "{shape}: waited {wait} s as told");
     }
 }
+
+/// Requests of cost 3 for a minute, every 250 ms, on `[per_second(8),
+/// per_minute(100)]`: how many are admitted, on the whole quota or on one
+/// instance's quarter of it while the primary is down.
+async fn admitted_in_a_minute(storage: Option<Fallback<Flaky>>) -> u32 {
+    let clock = FakeClock::new();
+    let mut builder = RateTier::builder()
+        .tier("two", [Quota::per_second(8), Quota::per_minute(100)])
+        .clock(clock.clone());
+    if let Some(storage) = storage {
+        builder = builder.storage(storage);
+    }
+    let tiers = builder.build();
+    let mut admitted = 0;
+    for _ in 0..240 {
+        if tiers.check("ada", "two", 3).await.unwrap().is_ok() {
+            admitted += 1;
+        }
+        clock.advance(Duration::from_millis(250));
+    }
+    admitted
+}
+
+/// A cost above the share of the second band (2) but within the share of
+/// the minute band (25) is charged whole there: one instance admits about
+/// a quarter of what the whole quota does, not more.
+#[tokio::test]
+async fn a_longer_bands_share_is_charged_the_whole_cost() {
+    let whole = admitted_in_a_minute(None).await;
+    let local = admitted_in_a_minute(Some(a_quarter_while_down())).await;
+    assert!(local > 0);
+    assert!(
+        local <= whole.div_ceil(4) + 1,
+        "one instance admitted {local} of cost 3 in a minute; a quarter of {whole} is {}",
+        whole.div_ceil(4)
+    );
+}
+
+/// A charge clamped to a share and given back (a failed request) leaves
+/// each band where it was: the minute band after a charge and refund of 3
+/// is where a charge and refund of 2 leaves it.
+#[tokio::test]
+async fn a_refund_of_a_charge_fitted_to_the_share_gives_back_what_was_taken() {
+    async fn minute_band_after(cost: u32) -> (bool, u32) {
+        let clock = FakeClock::new();
+        let tiers = RateTier::builder()
+            .tier("two", [Quota::per_second(8), Quota::per_minute(100)])
+            .clock(clock.clone())
+            .storage(a_quarter_while_down())
+            .build();
+        tiers.check("ada", "two", 1).await.unwrap().unwrap();
+        clock.advance(Duration::from_secs(1));
+        let charged = tiers.check("ada", "two", cost).await.unwrap();
+        let allowed = charged.is_ok();
+        let source = charged.unwrap().source();
+        tiers.refund_decided("ada", "two", cost, source).await.unwrap();
+        let after = tiers.check("ada", "two", 1).await.unwrap().unwrap();
+        (allowed, after.bands().nth(1).unwrap().1.remaining)
+    }
+    assert_eq!(minute_band_after(3).await, minute_band_after(2).await);
+}

@@ -236,17 +236,19 @@ impl Quota {
     /// Computed in 128 bits, so it stays exact where [`Quota::refill_nanos`]
     /// saturates (a year per request with a burst in the billions). Each
     /// emission interval is rounded up by under a nanosecond (see the
-    /// [module documentation](self)), which puts the refill up to `burst`
+    /// [module documentation](self)), which puts the refill under `burst`
     /// nanoseconds past the window the quota was written with. A whole
     /// second within that reach is taken as the window (when the reach is
     /// under a millionth of it): 3 per second has `w = 1`, not 2, and 7 per
-    /// 30 days has `w = 2_592_000`.
+    /// 30 days has `w = 2_592_000`, while a period written 1 ns over a
+    /// second is `w = 2`. (A burst spent at once is whole again those few
+    /// nanoseconds after `w`.)
     pub const fn window_secs(&self) -> u64 {
         const NANOS: u128 = NANOS_PER_SEC as u128;
         let burst = self.burst as u128;
         let refill = self.interval_ns as u128 * burst;
         let whole = refill / NANOS;
-        let rounding_only = refill - whole * NANOS <= burst && burst <= whole * 1_000;
+        let rounding_only = refill - whole * NANOS < burst && burst <= whole * 1_000;
         let secs = if rounding_only {
             whole
         } else {
@@ -310,6 +312,11 @@ mod tests {
         assert_eq!(Quota::per_second(u32::MAX).window_secs(), 5);
         assert_eq!(
             Quota::per_period(1, Duration::from_millis(1_500)).window_secs(),
+            2
+        );
+        // a period written 1 ns over a second: no rounding, rounded up
+        assert_eq!(
+            Quota::per_period(1, Duration::from_nanos(1_000_000_001)).window_secs(),
             2
         );
     }

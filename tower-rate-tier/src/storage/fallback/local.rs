@@ -45,12 +45,17 @@ impl Shared {
         user.push_str(itoa::Buffer::new().format(epoch));
         user.push(':');
         user.push_str(call.user);
+        let fit = |amount| fit_share(amount, call.bands, &scaled);
         let op = match call.op {
-            Op::Charge(cost) => Op::Charge(local_cost(cost, call.bands, &scaled)),
-            Op::Acquire { cost, slots } => Op::Acquire {
-                cost: local_cost(cost, call.bands, &scaled),
-                slots: scale_slots(slots, self.share),
-            },
+            Op::Charge(cost) => each_or(Op::Charge(cost), fit(Amount::Charge(cost))),
+            Op::Refund(units) => each_or(Op::Refund(units), fit(Amount::Refund(units))),
+            Op::Acquire { cost, slots } => {
+                let slots = scale_slots(slots, self.share);
+                match fit(Amount::Charge(cost)) {
+                    Some(amounts) => Op::AcquireEach { amounts, slots },
+                    None => Op::Acquire { cost, slots },
+                }
+            }
             Op::Each(amounts) => Op::Each(scale_debts(amounts, self.share, call.bands, &scaled)),
             Op::AcquireEach { amounts, slots } => Op::AcquireEach {
                 amounts: scale_debts(amounts, self.share, call.bands, &scaled),
@@ -101,30 +106,50 @@ pub(super) fn scale_slots(slots: Slots, share: f64) -> Slots {
     Slots { limit, ..slots }
 }
 
-/// A request's cost for the local limiter's `scaled` bands: at most the
-/// smallest burst of its request bands. A cost within the tier's burst but
-/// above the share's could never fit (a 429 whose wait never comes true):
-/// it fits once the band is full again, takes it whole, and its wait says
-/// when.
-/// A cost above a band's own burst stays as it is: the primary would
-/// refuse it too.
-fn local_cost(cost: u32, bands: &[Quota], scaled: &[Quota]) -> u32 {
-    let requests = bands
+/// A request's amount (a charge, or a refund of one) in the local request
+/// band `share` of the band `band`: at most the share's burst. A cost
+/// within the band's burst but above its share's could never fit (a 429
+/// whose wait never comes true): it fits once the share is full again,
+/// takes it whole, and its wait says when; a refund gives back as much. A
+/// cost above the band's own burst stays as it is (the primary would
+/// refuse it too). Each band on its own: a longer band whose share fits
+/// the cost is charged all of it.
+fn in_share(amount: Amount, band: &Quota, share: &Quota) -> Amount {
+    if !band.unit().is_requests() || band.is_unlimited() {
+        return amount;
+    }
+    let fit = |n: u32| if n > band.burst() { n } else { n.min(share.burst()) };
+    match amount {
+        Amount::Charge(n) => Amount::Charge(fit(n)),
+        Amount::Refund(n) => Amount::Refund(fit(n)),
+        other => other,
+    }
+}
+
+/// `amount` in every band, as [`in_share`] says, when that changes it in
+/// some band: the amounts per band (with no debt).
+fn fit_share(amount: Amount, bands: &[Quota], scaled: &[Quota]) -> Option<Amounts> {
+    let fitted = bands
         .iter()
         .zip(scaled)
-        .filter(|(q, _)| q.unit().is_requests() && !q.is_unlimited());
-    let mut local = cost;
-    for (band, share) in requests {
-        if cost > band.burst() {
-            return cost;
-        }
-        local = local.min(share.burst());
+        .map(|(band, share)| in_share(amount, band, share));
+    if fitted.clone().all(|fitted| fitted == amount) {
+        return None;
     }
-    local
+    let mut amounts = Amounts::new();
+    for fitted in fitted {
+        amounts.push(fitted, 0);
+    }
+    Some(amounts)
+}
+
+/// `uniform`, or the decision of `amounts` per band in its stead.
+fn each_or(uniform: Op, amounts: Option<Amounts>) -> Op {
+    amounts.map_or(uniform, Op::Each)
 }
 
 /// `amounts` for the local limiter's `scaled` bands: each debt bound scaled
-/// to the share, a request's cost as [`local_cost`] says, and a unit's
+/// to the share, a request's amount as [`in_share`] says, and a unit's
 /// reservation larger than one of its local
 /// bands (which the share could never fit: a 429 whose wait never comes
 /// true) asked as the smallest of those bands instead, in every band of the
@@ -148,8 +173,10 @@ pub(super) fn scale_debts(amounts: Amounts, share: f64, bands: &[Quota], scaled:
                     .fold(n, u32::min);
                 Amount::Charge(fits)
             }
-            Amount::Charge(n) if band(i).unit().is_requests() => Amount::Charge(local_cost(n, bands, scaled)),
-            other => other,
+            other => match (bands.get(i), scaled.get(i)) {
+                (Some(band), Some(share)) => in_share(other, band, share),
+                _ => other,
+            },
         };
         // `as` saturates
         local.push(amount, (f64::from(debt) * share).ceil() as u32);
