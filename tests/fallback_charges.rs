@@ -443,3 +443,18 @@ async fn a_refund_of_a_charge_fitted_to_the_share_gives_back_what_was_taken() {
     }
     assert_eq!(minute_band_after(3).await, minute_band_after(2).await);
 }
+
+/// A request's cost fitted to a share is no reservation: its bands forgive
+/// nothing (`BandState::forgiven` is for forced charges and reservations).
+#[tokio::test]
+async fn a_cost_fitted_to_a_share_forgives_nothing() {
+    let tiers = RateTier::builder()
+        .tier("two", [Quota::per_second(8), Quota::per_minute(100)])
+        .clock(FakeClock::new())
+        .storage(a_quarter_while_down())
+        .build();
+    let info = tiers.check("ada", "two", 3).await.unwrap().unwrap();
+    assert_eq!(info.source(), DecisionSource::Fallback);
+    let forgiven: Vec<u32> = info.bands().map(|(_, state)| state.forgiven).collect();
+    assert_eq!(forgiven, [0, 0]);
+}

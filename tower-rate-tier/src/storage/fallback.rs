@@ -69,7 +69,10 @@
 //! scaled burst (but not more than the full one) is charged as the scaled
 //! burst: admitted once the share is full, taking it whole, and until then
 //! denied with a 429 whose wait comes true, as a spent quota would be; it
-//! is never a 403. `X-RateLimit-Limit` still names
+//! is never a 403. A refund of such a charge is fitted the same way: a
+//! whole refund gives back what was taken, while a partial one (a route's
+//! price corrected down) may give back up to the share's burst in the band
+//! that took less, and the fields of a refunded response count it so. `X-RateLimit-Limit` still names
 //! the configured burst; `Remaining` and the reset count from the share.
 //! A concurrency limit is scaled the same way (`ceil(limit × share)` slots,
 //! at least 1); a slot is given back to the local limiter whenever the

@@ -188,12 +188,13 @@ pub(super) fn scale_debts(amounts: Amounts, share: f64, bands: &[Quota], scaled:
 /// reservation `asked` made the local limiter did not take (`local`, the
 /// operation it carried out, asked less): [`BandState::forgiven`] of the
 /// reservation's bands, so that what was taken is what a settlement gives
-/// back.
+/// back. A reservation is a charge with a debt bound (a unit's); a
+/// request's cost fitted to a share is none, and its bands say nothing.
 ///
 /// [`BandState::forgiven`]: crate::storage::BandState::forgiven
 fn not_taken(decision: &mut Decision, asked: Op, local: Op) {
     for (i, state) in decision.bands.iter_mut().enumerate() {
-        if let ((Amount::Charge(n), _), (Amount::Charge(taken), _)) = (asked.band(i), local.band(i)) {
+        if let ((Amount::Charge(n), 1..), (Amount::Charge(taken), _)) = (asked.band(i), local.band(i)) {
             state.forgiven = n.saturating_sub(taken);
         }
     }
