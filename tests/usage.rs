@@ -501,12 +501,24 @@ async fn a_request_let_through_uncounted_may_use_units_and_a_unit_is_recorded_ea
     assert_eq!(left(&tiers, "ada", "tokens").await, 800);
 }
 
-/// The memory storage, failing every decision that records usage (a
-/// forced charge): Redis down with no fallback.
+/// The memory storage, failing every decision of usage with an amount that
+/// `fails` picks (a forced charge, say): Redis down with no fallback.
 #[derive(Debug)]
-struct RecordsFail(tower_rate_tier::storage::MemoryStorage);
+struct FailsUsage {
+    memory: tower_rate_tier::storage::MemoryStorage,
+    fails: fn(tower_rate_tier::storage::Amount) -> bool,
+}
 
-impl tower_rate_tier::storage::Storage for RecordsFail {
+impl FailsUsage {
+    fn new(fails: fn(tower_rate_tier::storage::Amount) -> bool) -> Self {
+        FailsUsage {
+            memory: tower_rate_tier::storage::MemoryStorage::new(),
+            fails,
+        }
+    }
+}
+
+impl tower_rate_tier::storage::Storage for FailsUsage {
     fn decide(
         &self,
         key: tower_rate_tier::storage::StorageKey<'_>,
@@ -514,15 +526,13 @@ impl tower_rate_tier::storage::Storage for RecordsFail {
         op: tower_rate_tier::storage::Op,
         clock: &Arc<dyn tower_rate_tier::clock::Clock>,
     ) -> tower_rate_tier::storage::Decide {
-        use tower_rate_tier::storage::{Amount, Decide, Op, StorageError, StorageErrorKind};
+        use tower_rate_tier::storage::{Decide, Op, StorageError, StorageErrorKind};
         if let Op::Each(amounts) = op
-            && amounts
-                .iter()
-                .any(|(amount, _)| matches!(amount, Amount::Force(_)))
+            && amounts.iter().any(|(amount, _)| (self.fails)(amount))
         {
             return Decide::ready(Err(StorageError::new(StorageErrorKind::Unavailable, "down")));
         }
-        self.0.decide(key, bands, op, clock)
+        self.memory.decide(key, bands, op, clock)
     }
 }
 
@@ -532,7 +542,9 @@ async fn usage_that_a_failed_write_could_not_record_is_reported_as_lost() {
     let tiers = RateTier::builder()
         .tier("free", Quota::per_minute(10))
         .tier_unit("free", "tokens", Quota::per_minute(1_000))
-        .storage(RecordsFail(tower_rate_tier::storage::MemoryStorage::new()))
+        .storage(FailsUsage::new(|amount| {
+            matches!(amount, tower_rate_tier::storage::Amount::Force(_))
+        }))
         .clock(clock.clone())
         .build();
     let lost = Arc::new(Mutex::new(Vec::new()));
@@ -567,30 +579,6 @@ async fn usage_that_a_failed_write_could_not_record_is_reported_as_lost() {
     ));
 }
 
-/// The memory storage, failing every settlement of a reservation (a forced
-/// charge beyond it, or a refund of its unused part).
-#[derive(Debug)]
-struct SettlementsFail(tower_rate_tier::storage::MemoryStorage);
-
-impl tower_rate_tier::storage::Storage for SettlementsFail {
-    fn decide(
-        &self,
-        key: tower_rate_tier::storage::StorageKey<'_>,
-        bands: &[Quota],
-        op: tower_rate_tier::storage::Op,
-        clock: &Arc<dyn tower_rate_tier::clock::Clock>,
-    ) -> tower_rate_tier::storage::Decide {
-        use tower_rate_tier::storage::{Amount, Decide, Op, StorageError, StorageErrorKind};
-        let settles = |amount| matches!(amount, Amount::Force(1..) | Amount::Refund(1..));
-        if let Op::Each(amounts) = op
-            && amounts.iter().any(|(amount, _)| settles(amount))
-        {
-            return Decide::ready(Err(StorageError::new(StorageErrorKind::Unavailable, "down")));
-        }
-        self.0.decide(key, bands, op, clock)
-    }
-}
-
 /// A settlement that fails loses only what it was to charge beyond the
 /// reservation: the reserved part was charged, and is recorded. A failed
 /// refund of a reservation's unused part loses no usage (it stays charged).
@@ -599,7 +587,12 @@ async fn a_failed_settlement_loses_only_what_the_reservation_did_not_charge() {
     let tiers = RateTier::builder()
         .tier("free", Quota::per_minute(10))
         .tier_unit("free", "tokens", Quota::per_minute(1_000))
-        .storage(SettlementsFail(tower_rate_tier::storage::MemoryStorage::new()))
+        .storage(FailsUsage::new(|amount| {
+            // a forced charge beyond a reservation, or a refund of its
+            // unused part
+            use tower_rate_tier::storage::Amount;
+            matches!(amount, Amount::Force(1..) | Amount::Refund(1..))
+        }))
         .clock(FakeClock::new())
         .build();
     let lost = Arc::new(Mutex::new(Vec::new()));
