@@ -18,6 +18,8 @@ use tower_rate_tier::{
 };
 use tower_rate_tier_tests::reply::{Reply, header_identity, send};
 
+#[path = "live_policy/unit_changes_racing_new_users.rs"]
+mod unit_changes_racing_new_users;
 #[path = "live_policy/units_and_requests.rs"]
 mod units_and_requests;
 

@@ -436,6 +436,17 @@ impl Inner {
         if !self.reserve_slot(now) {
             return Ok(self.decide_overflow(scope.key(user), bands, op, clock));
         }
+        // The key goes into the one-band map while its entry in the map of
+        // several bands is held (vacant): a decision of several bands moves
+        // the one-band state under that lock, so it never finds the key
+        // missing here and then sees it made beside its own (the user's
+        // band counted twice).
+        let several = scope.multi.entry(Box::from(user));
+        if let Entry::Occupied(_) = several {
+            drop(several);
+            self.len.fetch_sub(1, Ordering::Relaxed);
+            return self.decide_many(scope, user, bands, op, clock, refund);
+        }
         match scope.single.entry(Box::from(user)) {
             Entry::Occupied(mut e) => {
                 // Another request inserted the key meanwhile: decide again

@@ -99,49 +99,60 @@ impl Inner {
             let keep = tats[..n].iter().any(Option::is_some);
             (decision, keep.then(|| store(names, &tats[..n], now)))
         };
-        {
-            if let Some(mut stored) = scope.multi.get_mut(user) {
-                return self.decide_in(scope, user, &mut stored, bands, names, op, clock);
-            }
-            // a key of the one-band map whose band is one of these moves
-            // here with its state
-            let single = scope
-                .single_name()
-                .filter(|name| names.contains(name))
-                .and_then(|name| scope.single.get(user).map(|tat| (name, *tat)));
-            let now = clock.now();
-            let (decision, new) = apply(seeded(single).as_ref(), now);
-            if new.is_none() {
-                if single.is_none() && self.keyless_in_overflow(op, refund) {
-                    return Ok(self.decide_overflow(scope.key(user), bands, op, clock));
-                }
-                return Ok(decision);
-            }
-            if single.is_none() && !self.reserve_slot(now) {
+        if let Some(mut stored) = scope.multi.get_mut(user) {
+            return self.decide_in(scope, user, &mut stored, bands, names, op, clock);
+        }
+        // A key of the one-band map whose band is one of these moves here
+        // with its state. Read here without its lock, only to know whether
+        // the decision writes anything and whether a new key needs room.
+        let single_name = scope.single_name().filter(|name| names.contains(name));
+        let single = single_name.and_then(|name| scope.single.get(user).map(|tat| (name, *tat)));
+        let now = clock.now();
+        let (decision, new) = apply(seeded(single).as_ref(), now);
+        if new.is_none() {
+            if single.is_none() && self.keyless_in_overflow(op, refund) {
                 return Ok(self.decide_overflow(scope.key(user), bands, op, clock));
             }
-            let decision = match scope.multi.entry(Box::from(user)) {
-                Entry::Occupied(mut e) => {
-                    // made meanwhile: decided as any entry (which moves the
-                    // one-band map's key itself); the key reserved goes back
-                    if single.is_none() {
+            return Ok(decision);
+        }
+        // (room is taken before any lock: an inline sweep at the key cap
+        // locks every shard in turn)
+        let reserved = single.is_none();
+        if reserved && !self.reserve_slot(now) {
+            return Ok(self.decide_overflow(scope.key(user), bands, op, clock));
+        }
+        match scope.multi.entry(Box::from(user)) {
+            Entry::Occupied(mut e) => {
+                // made meanwhile: decided as any entry (which moves the
+                // one-band map's key itself); the key reserved goes back
+                if reserved {
+                    self.len.fetch_sub(1, Ordering::Relaxed);
+                }
+                self.decide_in(scope, user, e.get_mut(), bands, names, op, clock)
+            }
+            Entry::Vacant(e) => {
+                // Under this entry's lock the one-band state moves here
+                // whole: taken out of its map, so that no one-band decision
+                // charges it meanwhile, and no new one-band key is made
+                // beside this one (see `Inner::insert_one`).
+                let moved = single_name.and_then(|name| scope.single.remove(user).map(|(_, tat)| (name, tat)));
+                match (reserved, moved.is_some()) {
+                    // the key moved: no new key after all
+                    (true, true) => {
                         self.len.fetch_sub(1, Ordering::Relaxed);
                     }
-                    return self.decide_in(scope, user, e.get_mut(), bands, names, op, clock);
+                    // a sweep removed it meanwhile (and counted it): the key
+                    // here is one more
+                    (false, false) => {
+                        self.len.fetch_add(1, Ordering::Relaxed);
+                    }
+                    _ => {}
                 }
-                Entry::Vacant(e) => {
-                    let now = clock.now();
-                    let (decision, new) = apply(seeded(single).as_ref(), now);
-                    e.insert(new.unwrap_or_else(|| store(names, &[None; MAX_BANDS][..n], now)));
-                    decision
-                }
-            };
-            if single.is_some() && scope.single.remove(user).is_none() {
-                // a sweep removed it meanwhile (and counted it): the key
-                // here is one more
-                self.len.fetch_add(1, Ordering::Relaxed);
+                let now = clock.now();
+                let (decision, new) = apply(seeded(moved).as_ref(), now);
+                e.insert(new.unwrap_or_else(|| store(names, &[None; MAX_BANDS][..n], now)));
+                Ok(decision)
             }
-            Ok(decision)
         }
     }
 
@@ -181,21 +192,20 @@ impl Inner {
             return Ok(decision);
         }
         let mut tats = lookup(stored, names);
+        // taken out of the one-band map at once, so that no one-band
+        // decision charges it between this read and its removal
         let single = scope
             .single_name()
             .and_then(|name| names.iter().position(|n| *n == name))
             .filter(|&i| tats[i].is_none())
-            .and_then(|i| scope.single.get(user).map(|tat| (i, *tat)));
+            .and_then(|i| scope.single.remove(user).map(|(_, tat)| (i, tat)));
         if let Some((i, tat)) = single {
             tats[i] = Some(tat);
+            // one key now, where there were two
+            self.len.fetch_sub(1, Ordering::Relaxed);
         }
         let decision = crate::storage::decide_bands(&mut tats[..n], now, bands, op);
         store_merged(stored, names, &tats[..n], now);
-        if single.is_some() && scope.single.remove(user).is_some() {
-            // one key now, where there were two (unless a sweep removed
-            // and counted it meanwhile)
-            self.len.fetch_sub(1, Ordering::Relaxed);
-        }
         Ok(decision)
     }
 }
