@@ -256,6 +256,46 @@ async fn an_unknown_unit_or_a_missing_limiter_is_a_500_that_says_so() {
     assert_eq!(bare.status, StatusCode::INTERNAL_SERVER_ERROR);
 }
 
+/// Plans differ in what they limit: a tier without a unit another tier
+/// counts (an enterprise plan with no token limit), or a tier whose unit
+/// was removed at run time, takes nothing and serves the handler; a unit
+/// no tier counts or counted is still the 500 of a typo.
+#[tokio::test]
+async fn a_tier_without_a_unit_another_tier_counts_serves_its_handlers() {
+    let clock = FakeClock::new();
+    let tiers = RateTier::builder()
+        .tier("free", Quota::per_minute(10))
+        .tier_unit("free", "tokens", Quota::per_minute(1_000))
+        .tier("enterprise", Quota::per_minute(100))
+        .clock(clock.clone())
+        .build();
+    let app = app(&tiers);
+    let as_enterprise = |uri: &str| {
+        let mut req = get_as("bob", uri);
+        req.headers_mut().insert("x-tier", "enterprise".parse().unwrap());
+        req
+    };
+    let reply = send(&app, as_enterprise("/complete?reserve=5000&use=3000")).await;
+    assert_eq!(reply.status, StatusCode::OK, "{:?}", reply.json());
+    assert_eq!(
+        send(&app, as_enterprise("/typo")).await.status,
+        StatusCode::INTERNAL_SERVER_ERROR
+    );
+    // the free plan stops limiting tokens at run time
+    assert_eq!(
+        send(&app, get_as("ada", "/complete?reserve=800&use=300"))
+            .await
+            .status,
+        StatusCode::OK
+    );
+    tiers.set_tier_unit("free", "tokens", None).unwrap();
+    let reply = send(&app, get_as("ada", "/complete?reserve=5000&use=3000")).await;
+    assert_eq!(reply.status, StatusCode::OK, "{:?}", reply.json());
+    let typo = send(&app, get_as("ada", "/typo")).await;
+    assert_eq!(typo.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(typo.json()["unit"], "tokenz");
+}
+
 #[tokio::test]
 async fn content_bytes_are_counted_from_the_body_read() {
     let clock = FakeClock::new();

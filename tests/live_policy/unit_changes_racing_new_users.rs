@@ -26,7 +26,9 @@ async fn no_new_user_gets_its_request_band_twice_while_a_unit_comes_and_goes() {
             let mut flips = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 let unit = (flips % 2 == 0).then(|| vec![Quota::per_hour(1_000)]);
-                tiers.set_tier_unit("free", "tokens", unit).expect("the tier exists");
+                tiers
+                    .set_tier_unit("free", "tokens", unit)
+                    .expect("the tier exists");
                 flips += 1;
             }
             flips
@@ -41,7 +43,8 @@ async fn no_new_user_gets_its_request_band_twice_while_a_unit_comes_and_goes() {
                 tokio::spawn(async move {
                     let mut admitted = 0;
                     for _ in 0..3 {
-                        admitted += usize::from(tiers.check(&user, "free", 1).await.expect("decided").is_ok());
+                        admitted +=
+                            usize::from(tiers.check(&user, "free", 1).await.expect("decided").is_ok());
                     }
                     admitted
                 })
@@ -62,5 +65,10 @@ async fn no_new_user_gets_its_request_band_twice_while_a_unit_comes_and_goes() {
     stop.store(true, Ordering::Relaxed);
     let flips = changer.join().expect("the changer ran");
     assert!(flips > 0, "the unit never changed");
-    assert!(worst.0 <= 5, "{} was admitted {} requests of a burst of 5", worst.1, worst.0);
+    assert!(
+        worst.0 <= 5,
+        "{} was admitted {} requests of a burst of 5",
+        worst.1,
+        worst.0
+    );
 }

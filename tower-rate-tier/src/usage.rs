@@ -52,7 +52,7 @@ pub struct TierUsage {
 
 /// A refusal of a [`TierUsage`] call: the response to answer with (429
 /// with the unit's fields; 403 for an amount that could never fit; 500
-/// when no limiter counts the unit). A 429 gives the request's own charge
+/// when no tier of a limiter in front counts or counted the unit). A 429 gives the request's own charge
 /// back (the request consumes nothing); a 403 keeps it (asking for more
 /// than a unit's burst is the client's error, and must not reach the
 /// handler more often than the request bands allow).
@@ -73,10 +73,13 @@ impl TierUsage {
 
     /// Takes `n` units of `unit` up front from every limiter whose tier has
     /// the unit; refused (nothing taken anywhere) when it does not fit in
-    /// one of them. No limiter with the unit is an error (a 500 that names
-    /// it): a misspelt unit is never silently uncounted; a request a
-    /// limiter let through uncounted (by policy, or a storage failure under
-    /// `OnStorageError::Allow`) is not refused for it.
+    /// one of them. A tier without the unit (a plan that does not limit
+    /// it) takes nothing, when a tier of the same limiter counts it or did
+    /// (before a change at run time). A unit no tier counts or counted is
+    /// an error (a 500 that names it): a misspelt unit is never silently
+    /// uncounted; a request a limiter let through uncounted (by policy, or
+    /// a storage failure under `OnStorageError::Allow`) is not refused for
+    /// it.
     pub async fn reserve(&self, unit: &str, n: u32) -> Result<(), TierRefusal> {
         let mut taken = 0;
         for charge in self.charges.0.iter().flatten().filter(|c| c.counts(unit)) {
@@ -99,7 +102,7 @@ impl TierUsage {
         // a limiter that let the request through uncounted (by policy, a
         // storage failure under `OnStorageError::Allow`, an unlimited tier)
         // counts nothing of it
-        if taken == 0 && !self.let_through() {
+        if taken == 0 && !self.let_through() && !self.knows(unit) {
             return Err(TierRefusal::new(unknown_unit(unit)));
         }
         Ok(())
@@ -108,15 +111,16 @@ impl TierUsage {
     /// Settles `unit` at `used` units in every limiter whose tier has it:
     /// the unused part of the reservation given back, or what exceeds it
     /// charged, into a bounded debt. Never waits and never fails: what
-    /// cannot be recorded (no limiter has the unit, the storage failed) is
-    /// logged and reported as an event.
+    /// cannot be recorded (no tier of a limiter counts or counted the
+    /// unit, the storage failed) is logged and reported as an event; a
+    /// tier without a unit another tier counts records nothing, silently.
     pub fn record(&self, unit: &str, used: u32) {
         let mut recorded = false;
         for charge in self.charges.0.iter().flatten().filter(|c| c.counts(unit)) {
             charge.record(unit, used);
             recorded = true;
         }
-        if !recorded && !self.let_through() {
+        if !recorded && !self.let_through() && !self.knows(unit) {
             if let Some(charge) = self.charges.0.iter().flatten().next() {
                 charge.unit_unknown(unit, used);
             }
@@ -126,6 +130,13 @@ impl TierUsage {
     /// Whether a limiter let the request through without counting it.
     fn let_through(&self) -> bool {
         self.charges.0.iter().any(Option::is_none)
+    }
+
+    /// Whether a limiter in front knows `unit` (a tier of its counts or
+    /// counted it): a tier without it, a plan that does not limit it, is
+    /// not a typo.
+    fn knows(&self, unit: &str) -> bool {
+        self.charges.0.iter().flatten().any(|c| c.knows_unit(unit))
     }
 }
 

@@ -42,6 +42,12 @@ impl Charge {
         self.tier.unit(unit).is_some()
     }
 
+    /// Whether a tier of this charge's limiter counts or counted `unit`
+    /// (see [`RateTier::knows_unit`]).
+    pub(crate) fn knows_unit(&self, unit: &str) -> bool {
+        self.ledger.tiers.knows_unit(unit)
+    }
+
     /// Takes `n` units of `unit` up front: `Err` is the refusal to answer
     /// with (429 with the unit's fields, or 403 when `n` could never fit).
     /// In shadow mode a would-be refusal is reported and let through,

@@ -240,6 +240,13 @@ impl RateTier {
         self.inner.table.load().find_hinted(tier, hint).cloned()
     }
 
+    /// Whether a tier counts or counted the unit `unit`, now or in an
+    /// earlier version of the tiers: a unit the request's tier does not
+    /// count is then no typo.
+    pub(crate) fn knows_unit(&self, unit: &str) -> bool {
+        self.inner.table.load().knows_unit(unit)
+    }
+
     /// The default tier now.
     pub(crate) fn default_entry(&self) -> Option<Arc<TierEntry>> {
         self.inner.table.load().default_entry().cloned()

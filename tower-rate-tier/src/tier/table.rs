@@ -23,6 +23,10 @@ pub(crate) struct Table {
     tiers: Vec<Arc<TierEntry>>,
     by_name: HashMap<Box<str>, usize, foldhash::fast::RandomState>,
     default: Option<usize>,
+    /// The name of every unit a tier of this table or of an earlier
+    /// version counts or counted: a unit a tier does not count is not a
+    /// typo when one of these names it.
+    units: Arc<[Box<str>]>,
 }
 
 impl Table {
@@ -32,6 +36,7 @@ impl Table {
             tiers: Vec::with_capacity(tiers.len()),
             by_name: HashMap::default(),
             default: None,
+            units: Arc::new([]),
         };
         for entry in tiers {
             if table
@@ -41,6 +46,7 @@ impl Table {
             {
                 return Err(BuildError::DuplicateTier(entry.name.into_owned()));
             }
+            table.units = with_units(&table.units, &entry);
             table.tiers.push(Arc::new(entry));
         }
         if let Some(name) = default {
@@ -85,6 +91,7 @@ impl Table {
     /// This table with `entry` added, or in place of the tier of its name.
     pub(crate) fn with(&self, entry: TierEntry) -> Table {
         let mut next = self.clone();
+        next.units = with_units(&self.units, &entry);
         match next.by_name.get(&*entry.name) {
             Some(&i) => next.tiers[i] = Arc::new(entry),
             None => {
@@ -114,8 +121,29 @@ impl Table {
             tiers,
             by_name,
             default,
+            units: self.units.clone(),
         })
     }
+
+    /// Whether a tier of this table or of an earlier version counts or
+    /// counted the unit `unit`.
+    pub(crate) fn knows_unit(&self, unit: &str) -> bool {
+        self.units.iter().any(|known| **known == *unit)
+    }
+}
+
+/// `known` and the units of `entry` not among them.
+fn with_units(known: &Arc<[Box<str>]>, entry: &TierEntry) -> Arc<[Box<str>]> {
+    let mut new = entry
+        .units
+        .iter()
+        .map(|u| u.unit.as_str())
+        .filter(|name| !known.iter().any(|k| **k == **name))
+        .peekable();
+    if new.peek().is_none() {
+        return known.clone();
+    }
+    known.iter().cloned().chain(new.map(Box::from)).collect()
 }
 
 impl TierEntry {

@@ -135,7 +135,8 @@ impl Inner {
                 // whole: taken out of its map, so that no one-band decision
                 // charges it meanwhile, and no new one-band key is made
                 // beside this one (see `Inner::insert_one`).
-                let moved = single_name.and_then(|name| scope.single.remove(user).map(|(_, tat)| (name, tat)));
+                let moved =
+                    single_name.and_then(|name| scope.single.remove(user).map(|(_, tat)| (name, tat)));
                 match (reserved, moved.is_some()) {
                     // the key moved: no new key after all
                     (true, true) => {
