@@ -21,10 +21,13 @@ use tonic::{Code, Status};
 use tonic_prost::ProstCodec;
 use tower_rate_tier::clock::Clock;
 use tower_rate_tier::storage::{Decide, Op, Storage, StorageError, StorageErrorKind, StorageKey};
-use tower_rate_tier::{Quota, TierIdentity, TierLimitLayer};
+use tower_rate_tier::{Quota, TierIdentity, TierLimitLayer, TierUsage};
 
 pub(crate) const CHEAP: &str = "/demo.Quota/Cheap";
 pub(crate) const EXPENSIVE: &str = "/demo.Quota/Expensive";
+/// Reserves 10 `points`, then as many `tokens` as its request says, through
+/// the request's `TierUsage`; a refusal is its `tonic::Status`.
+pub(crate) const RESERVE: &str = "/demo.Quota/Reserve";
 
 /// The service: both methods echo their request.
 #[derive(Debug, Clone, Default)]
@@ -55,8 +58,20 @@ where
             let echo = tower::service_fn(|request: tonic::Request<String>| async move {
                 Ok::<_, Status>(tonic::Response::new(request.into_inner()))
             });
+            let reserve = tower::service_fn(|request: tonic::Request<String>| async move {
+                let usage = TierUsage::from_extensions(request.extensions())
+                    .ok_or_else(|| Status::internal("no limiter in front"))?;
+                let tokens: u32 = request
+                    .get_ref()
+                    .parse()
+                    .map_err(|_| Status::invalid_argument("a number of tokens"))?;
+                usage.reserve("points", 10).await?;
+                usage.reserve("tokens", tokens).await?;
+                Ok::<_, Status>(tonic::Response::new(request.into_inner()))
+            });
             Ok(match req.uri().path() {
                 CHEAP | EXPENSIVE => grpc.unary(echo, req).await,
+                RESERVE => grpc.unary(reserve, req).await,
                 _ => Status::unimplemented("no such method").into_http(),
             })
         })
@@ -113,12 +128,23 @@ pub(crate) async fn call(
     key: &str,
     plan: &str,
 ) -> Result<String, Status> {
+    send(channel, method, key, plan, format!("hello from {key}")).await
+}
+
+/// Calls a `demo.Quota` method as `key` on `plan` with the request `text`.
+pub(crate) async fn send(
+    channel: &Channel,
+    method: &'static str,
+    key: &str,
+    plan: &str,
+    text: String,
+) -> Result<String, Status> {
     let mut client = tonic::client::Grpc::new(channel.clone());
     client
         .ready()
         .await
         .map_err(|e| Status::new(Code::Unknown, format!("not ready: {e}")))?;
-    let mut request = tonic::Request::new(format!("hello from {key}"));
+    let mut request = tonic::Request::new(text);
     request
         .metadata_mut()
         .insert("x-api-key", key.parse().expect("ASCII key"));

@@ -19,7 +19,7 @@ use tonic_types::StatusExt;
 use tower_rate_tier::clock::FakeClock;
 use tower_rate_tier::{OnMissing, OnStorageError, OnUnknownTier, Quota, RateTier, TierLimitLayer, grpc};
 
-use demo::{CHEAP, Down, EXPENSIVE, api_key, call, serve_tonic};
+use demo::{CHEAP, Down, EXPENSIVE, RESERVE, api_key, call, send, serve_tonic};
 
 /// free: 2 a minute; pro: 100 a minute. Time stands still.
 fn plans(free: Quota) -> RateTier {
@@ -332,5 +332,62 @@ async fn unidentified_callers_are_keyed_by_tonics_peer_address() {
         keys[0],
         pseudonyms.user_pseudonym("\0ip:127.0.0.1"),
         "keyed by address"
+    );
+}
+
+/// What a usage refusal leaves, by the units left of each band.
+async fn left(tiers: &RateTier, user: &str) -> Vec<(String, u32)> {
+    let bands: Vec<_> = match tiers.check(user, "free", 0).await.unwrap() {
+        Ok(admitted) => admitted.bands().collect(),
+        // a unit at 0 refuses even a peek
+        Err(refused) => refused.bands().collect(),
+    };
+    bands
+        .into_iter()
+        .map(|(quota, band)| (quota.unit().as_str().to_owned(), band.remaining))
+        .collect()
+}
+
+/// A tonic handler answers a refused reservation with the crate's
+/// `tonic::Status` (RESOURCE_EXHAUSTED, an HTTP 200 without the refusal's
+/// marks): the call consumes nothing, as the layer's own 429 does: its
+/// request charge and the reservations it did not record come back.
+#[tokio::test]
+async fn a_reservation_refused_in_a_tonic_handler_consumes_nothing() {
+    let tiers = RateTier::builder()
+        .tier("free", Quota::per_minute(10))
+        .tier_unit("free", "tokens", Quota::per_minute(100))
+        .tier_unit("free", "points", Quota::per_minute(100))
+        .clock(FakeClock::new())
+        .build();
+    let channel = serve_tonic(TierLimitLayer::new(tiers.clone()).identifier_fn(api_key)).await;
+    send(&channel, RESERVE, "ada", "free", "60".into()).await.unwrap();
+    let before = left(&tiers, "ada").await;
+    assert_eq!(
+        before,
+        [
+            ("requests".into(), 9),
+            ("tokens".into(), 40),
+            ("points".into(), 90)
+        ]
+    );
+    let status = send(&channel, RESERVE, "ada", "free", "60".into())
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    let quota = status.get_details_quota_failure().expect("a QuotaFailure detail");
+    assert_eq!(quota.violations[0].subject, "tier:free.tokens");
+    // settled when the response went out, before the client read it
+    assert_eq!(left(&tiers, "ada").await, before);
+    // a handler's own RESOURCE_EXHAUSTED, with no refusal of the limiter,
+    // is an answer like any other: its request counts
+    send(&channel, RESERVE, "ada", "free", "40".into()).await.unwrap();
+    assert_eq!(
+        left(&tiers, "ada").await,
+        [
+            ("requests".into(), 8),
+            ("tokens".into(), 0),
+            ("points".into(), 80)
+        ]
     );
 }

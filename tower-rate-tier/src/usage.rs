@@ -223,7 +223,11 @@ impl From<TierRefusal> for tonic::Status {
     /// (see [`grpc`](crate::grpc)): RESOURCE_EXHAUSTED with `RetryInfo` and
     /// a `QuotaFailure` naming the unit's item for a refusal by a unit,
     /// PERMISSION_DENIED for an amount that could never fit; the rate-limit
-    /// fields as metadata.
+    /// fields as metadata. Answered (`?` in a handler), a refusal for want
+    /// of quota consumes nothing, as the layer's 429 does: the layer knows
+    /// the call's status for the refusal its reservation got, and gives
+    /// back the request's charge and every reservation the handler did not
+    /// record.
     fn from(refusal: TierRefusal) -> Self {
         let mut call = http::HeaderMap::new();
         call.insert(

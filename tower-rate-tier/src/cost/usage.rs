@@ -37,6 +37,46 @@ impl Refused {
 }
 
 impl Charge {
+    /// A refusal of a reservation that consumes nothing, noted (see
+    /// [`Charge::answers_usage_refusal`]).
+    fn refused_usage(&self, response: Response<Bytes>) -> Refused {
+        self.lock().usage_refusal = Some(response.status());
+        Refused::consuming_nothing(response)
+    }
+
+    /// Whether `response` is a gRPC answer with the code of the refusal
+    /// a reservation of this request got, which it then answers: a
+    /// [`TierRefusal`](crate::TierRefusal) turned into a `tonic::Status`
+    /// carries none of the refusal's marks, and its HTTP status is 200.
+    /// Such a response is marked a refusal (it consumes nothing here or
+    /// in limiters further out); `Some(true)` when the refusal was for
+    /// want of quota (every reservation the handler did not record comes
+    /// back too), `None` when it does not answer one.
+    #[cfg(feature = "grpc")]
+    pub(crate) fn answers_usage_refusal<B>(&self, response: &mut Response<B>) -> Option<bool> {
+        let refused = self.lock().usage_refusal?;
+        let headers = response.headers();
+        if response.extensions().get::<crate::body::Refusal>().is_some() || !crate::grpc::is_grpc(headers) {
+            return None;
+        }
+        let for_quota = refused == http::StatusCode::TOO_MANY_REQUESTS;
+        let code = if for_quota {
+            tonic::Code::ResourceExhausted
+        } else {
+            crate::grpc::code_for_status(refused)
+        };
+        let answered = headers
+            .get("grpc-status")
+            .and_then(|v| v.to_str().ok()?.parse::<i32>().ok());
+        if answered != Some(code as i32) {
+            return None;
+        }
+        crate::body::mark_refusal(response);
+        Some(for_quota)
+    }
+}
+
+impl Charge {
     /// Whether this charge's tier counts `unit`.
     pub(crate) fn counts(&self, unit: &str) -> bool {
         self.tier.unit(unit).is_some()
@@ -82,17 +122,13 @@ impl Charge {
                 // given back (the refusal's mark does that on the way out)
                 let charged = self.lock().charged.total();
                 let limited = limited.with_requests_refunded(charged);
-                Err(Refused::consuming_nothing(refusals.limited(
-                    self.user.as_str(),
-                    n,
-                    &limited,
-                )))
+                Err(self.refused_usage(refusals.limited(self.user.as_str(), n, &limited)))
             }
             Err(CheckError::Storage(error)) => {
                 match refusals.storage_failed(self.user.as_str(), &self.tier.name, &error) {
                     // let through (fail open): nothing reserved
                     None => Ok(()),
-                    Some(refusal) => Err(Refused::consuming_nothing(refusal)),
+                    Some(refusal) => Err(self.refused_usage(refusal)),
                 }
             }
             Err(error) => {

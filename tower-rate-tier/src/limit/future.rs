@@ -74,10 +74,14 @@ pub(crate) fn finish<B>(
     slot: Option<SlotGuard>,
 ) -> Response<ResponseBody<B>> {
     let meter = charge.and_then(|charge| {
+        #[cfg(feature = "grpc")]
+        let grpc_for_quota = charge.answers_usage_refusal(&mut response) == Some(true);
+        #[cfg(not(feature = "grpc"))]
+        let grpc_for_quota = false;
         charge.finish(&mut response);
         let extensions = response.extensions();
         let refusal = extensions.get::<crate::body::Refusal>().is_some();
-        if refusal && response.status() == http::StatusCode::TOO_MANY_REQUESTS {
+        if refusal && (response.status() == http::StatusCode::TOO_MANY_REQUESTS || grpc_for_quota) {
             // refused for want of quota: nothing the handler reserved is
             // consumed
             charge.give_back_unrecorded();
