@@ -25,7 +25,7 @@ async fn no_new_user_gets_its_request_band_twice_while_a_unit_comes_and_goes() {
         std::thread::spawn(move || {
             let mut flips = 0u64;
             while !stop.load(Ordering::Relaxed) {
-                let unit = (flips % 2 == 0).then(|| vec![Quota::per_hour(1_000)]);
+                let unit = flips.is_multiple_of(2).then(|| vec![Quota::per_hour(1_000)]);
                 tiers
                     .set_tier_unit("free", "tokens", unit)
                     .expect("the tier exists");
