@@ -161,3 +161,42 @@ async fn the_default_fields_have_no_openai_fields() {
         RateLimitHeaders::OPENAI
     );
 }
+
+/// An `on_limited` response that writes its own OpenAI-style fields keeps
+/// them: the layer adds its fields only where the closure set none.
+#[tokio::test]
+async fn a_custom_refusal_keeps_its_own_openai_fields() {
+    let clock = FakeClock::new();
+    let tiers = RateTier::builder()
+        .tier("free", Quota::per_minute(1))
+        .clock(clock.clone())
+        .build();
+    let app = Router::new().route("/", get(|| async { "ok" })).layer(
+        TierLimitLayer::new(tiers.clone())
+            .identifier_fn(header_identity)
+            .headers(RateLimitHeaders::OPENAI)
+            .on_limited(|_| {
+                http::Response::builder()
+                    .status(StatusCode::TOO_MANY_REQUESTS)
+                    .header("x-ratelimit-remaining-requests", "0")
+                    .header("x-ratelimit-reset-requests", "ask again tomorrow")
+                    .body(bytes::Bytes::from_static(b"slow down"))
+                    .unwrap()
+            }),
+    );
+    let request = || {
+        Request::get("/")
+            .header("x-user", "ada")
+            .body(Body::empty())
+            .unwrap()
+    };
+    assert_eq!(send(&app, request()).await.status, StatusCode::OK);
+    let refused = send(&app, request()).await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        refused.headers["x-ratelimit-reset-requests"],
+        "ask again tomorrow"
+    );
+    assert!(refused.headers.get("x-ratelimit-limit-requests").is_none());
+    assert_eq!(refused.headers["retry-after"], "60");
+}

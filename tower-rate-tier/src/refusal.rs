@@ -164,9 +164,10 @@ impl Refusals {
         };
         // The fields and `Retry-After` a custom response did not set itself.
         let headers = response.headers_mut();
-        if !headers.contains_key(crate::headers::X_RATELIMIT_REMAINING)
-            && !headers.contains_key(crate::headers::RATELIMIT)
-        {
+        let remaining_set = headers
+            .keys()
+            .any(|name| name.as_str().starts_with("x-ratelimit-remaining"));
+        if !remaining_set && !headers.contains_key(crate::headers::RATELIMIT) {
             apply_limited_fields(headers, limited, self.headers);
         }
         if !headers.contains_key(http::header::RETRY_AFTER) {

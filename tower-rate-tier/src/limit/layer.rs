@@ -262,7 +262,8 @@ impl TierLimitLayer {
     /// Builds the 429 response yourself. The layer adds `Retry-After` unless
     /// the closure set it, and the rate-limit fields (as chosen with
     /// [`headers`](Self::headers)) unless the closure set
-    /// `X-RateLimit-Remaining` or `RateLimit` itself.
+    /// `X-RateLimit-Remaining`, an OpenAI-style
+    /// `x-ratelimit-remaining-*` field or `RateLimit` itself.
     pub fn on_limited<F>(mut self, f: F) -> Self
     where
         F: Fn(&RateLimited) -> Response<Bytes> + Send + Sync + 'static,
