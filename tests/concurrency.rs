@@ -743,3 +743,61 @@ async fn a_stalled_body_holds_its_slot_at_most_for_the_lease() {
     drop(next);
     assert_eq!(send(&app, get_as("ada", "/")).await.status, StatusCode::OK);
 }
+
+/// A request refused for want of a slot while its rate (or a unit) would
+/// refuse it too waits for the rate: `Retry-After` is the rate's wait, not
+/// the slot's second, and `violated-policies` names both; nothing is
+/// charged.
+#[tokio::test]
+async fn a_slot_refusal_waits_for_a_rate_that_refuses_too() {
+    let clock = FakeClock::new();
+    let tiers = RateTier::builder()
+        .tier("free", Quota::per_minute(2))
+        .tier_unit("free", "tokens", Quota::per_minute(100))
+        .tier_concurrency("free", 1)
+        .clock(clock.clone())
+        .build();
+    let app = app(tiers.clone());
+    let held = open(&app, "ada").await;
+    assert_eq!(held.status(), StatusCode::OK);
+    // a refusal by the slot alone: the second of old
+    let slot_only = send(&app, get_as("ada", "/")).await;
+    assert_eq!(slot_only.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(slot_only.header("retry-after"), Some("1"));
+    assert_eq!(
+        slot_only.json()["violated-policies"],
+        serde_json::json!(["free.concurrency"])
+    );
+    // the rate is spent meanwhile
+    assert!(tiers.check("ada", "free", 1).await.unwrap().is_ok());
+    let both = send(&app, get_as("ada", "/")).await;
+    assert_eq!(both.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(both.header("retry-after"), Some("30"));
+    assert_eq!(
+        both.json()["violated-policies"],
+        serde_json::json!(["free", "free.concurrency"])
+    );
+    assert_eq!(
+        item(&both.headers, "ratelimit", "free")
+            .get("t")
+            .map(String::as_str),
+        Some("30")
+    );
+    // a unit in debt instead
+    let bob = open(&app, "bob").await;
+    tiers.record("bob", "free", "tokens", 150).await.unwrap();
+    let in_debt = send(&app, get_as("bob", "/")).await;
+    assert_eq!(in_debt.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        in_debt.json()["violated-policies"],
+        serde_json::json!(["free.tokens", "free.concurrency"])
+    );
+    assert_eq!(in_debt.header("retry-after"), Some("31"));
+    // neither refusal charged anything: once the rate is back and the
+    // stream is over, two requests fit
+    drop(held);
+    drop(bob);
+    clock.advance(Duration::from_secs(60));
+    assert_eq!(send(&app, get_as("ada", "/")).await.status, StatusCode::OK);
+    assert_eq!(send(&app, get_as("ada", "/")).await.status, StatusCode::OK);
+}

@@ -660,3 +660,80 @@ async fn acquires_that_timed_out_give_their_slots_back() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// An acquire refused for want of a slot asks the bands whether they would
+/// refuse too, charging nothing: a spent rate band, or a unit in debt,
+/// reports its wait, so that the refusal waits for it (as in memory), on a
+/// single server and on a Cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_refusal_reports_the_bands_that_would_refuse_too() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let mut storages = vec![script_only(&server.url()).await];
+    if let Some(cluster) = cluster() {
+        let on_cluster = RedisStorage::cluster(cluster.urls())
+            .prefix("trt-cluster-slot-refusals")
+            .batching(false)
+            .deny_cache(false)
+            .connect()
+            .await
+            .expect("connect to the test cluster");
+        storages.push(on_cluster);
+    }
+    for (n, storage) in storages.iter().enumerate() {
+        let storage = storage.clone();
+        let rate = Quota::per_minute(2);
+        let lease = Duration::from_secs(60);
+        let user = format!("slot-and-rate-{n}");
+        assert!(acquire_at(&storage, &user, rate, 1, lease).await.allowed);
+        // the slot alone refuses: no band refuses
+        let slot_only = acquire_at(&storage, &user, rate, 1, lease).await;
+        assert!(!slot_only.allowed && slot_only.slots.unwrap().refused);
+        assert!(
+            slot_only.bands.iter().all(|b| b.retry_after_ns == 0),
+            "{slot_only:?}"
+        );
+        assert_eq!(slot_only.bands[0].remaining, 1, "nothing charged");
+        // the rate is spent meanwhile: the refusal says it would refuse too
+        assert!(decide(&storage, &user, rate, Op::Charge(1)).await.allowed);
+        let both = acquire_at(&storage, &user, rate, 1, lease).await;
+        assert!(!both.allowed && both.slots.unwrap().refused);
+        let wait = both.bands[0].retry_after_ns;
+        assert!((29_000_000_000..=30_000_000_000).contains(&wait), "{both:?}");
+        // a unit in debt, asked as a requirement
+        let tokens = Quota::per_minute(100).in_unit(tower_rate_tier::quota::Unit::new("tokens").unwrap());
+        let bands = [Quota::per_hour(1_000), tokens];
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        let debtor = format!("slot-and-debt-{n}");
+        let admit = tower_rate_tier::storage::Amounts::new()
+            .with(tower_rate_tier::storage::Amount::Charge(1))
+            .with_debt(tower_rate_tier::storage::Amount::Require, 100);
+        let acquire_each = Op::AcquireEach {
+            amounts: admit,
+            slots: Slots { limit: 1, lease },
+        };
+        let key = key("free", &debtor);
+        assert!(
+            storage
+                .decide(key, &bands, acquire_each, &clock)
+                .await
+                .unwrap()
+                .allowed
+        );
+        let force = tower_rate_tier::storage::Amounts::new()
+            .with(tower_rate_tier::storage::Amount::Charge(0))
+            .with_debt(tower_rate_tier::storage::Amount::Force(150), 100);
+        assert!(
+            storage
+                .decide(key, &bands, Op::Each(force), &clock)
+                .await
+                .unwrap()
+                .allowed
+        );
+        let refused = storage.decide(key, &bands, acquire_each, &clock).await.unwrap();
+        assert!(!refused.allowed && refused.slots.unwrap().refused);
+        assert_eq!(refused.bands[0].retry_after_ns, 0, "{refused:?}");
+        assert!(refused.bands[1].retry_after_ns > 30_000_000_000, "{refused:?}");
+    }
+}

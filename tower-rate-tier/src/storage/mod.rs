@@ -212,6 +212,26 @@ impl Op {
         }
     }
 
+    /// Whether the first `n` bands would refuse the operation, asked
+    /// without changing them: each band that charges or requires is
+    /// required (one unit, with its debt bound: a band in debt or spent
+    /// refuses), any other peeked. Writes nothing but the clamps. A
+    /// storage that counts slots asks it of the bands of an
+    /// [`Op::Acquire`] it refuses for want of a slot, so that the refusal
+    /// waits for a band that refuses too.
+    pub(crate) fn requirement(&self, n: usize) -> Op {
+        let mut amounts = Amounts::new();
+        for i in 0..n.min(MAX_BANDS) {
+            let (amount, debt) = self.band(i);
+            let asked = match amount {
+                Amount::Charge(1..) | Amount::Require => Amount::Require,
+                _ => Amount::Charge(0),
+            };
+            amounts.push(asked, debt);
+        }
+        Op::Each(amounts)
+    }
+
     /// A peek at the same bands: [`Op::Charge`]`(0)`, or for an
     /// [`Op::Each`] each band peeked with its debt bound (so that a band in
     /// debt is not clamped back).

@@ -230,8 +230,9 @@ impl RateLimited {
     /// them from the field (`free`, or `free.0`, `free.1`, ... in a
     /// multi-band tier): the 429 body's `violated-policies`.
     ///
-    /// A refusal by the concurrency limit names its item alone
-    /// (`free.concurrency`).
+    /// A refusal by the concurrency limit names its item
+    /// (`free.concurrency`), after the bands that would have refused the
+    /// request too.
     pub fn violated_policies(&self) -> impl Iterator<Item = &str> + '_ {
         let slots = self
             .is_concurrency_limited()
@@ -248,8 +249,12 @@ impl RateLimited {
 
     /// Whether the request was refused because the user had as many
     /// requests in flight as the tier's concurrency limit allows (its rate
-    /// was not charged). Such a refusal has `Retry-After: 1`: no better
-    /// estimate exists, and a client that waits it may be refused again.
+    /// was not charged). Such a refusal has `Retry-After: 1` (no better
+    /// estimate exists, and a client that waits it may be refused again),
+    /// or, when a band of the tier would have refused the request too (a
+    /// spent rate, a unit in debt), that band's wait; the band is then
+    /// reported and named in [`violated_policies`](Self::violated_policies)
+    /// beside the concurrency limit.
     pub fn is_concurrency_limited(&self) -> bool {
         self.detail.slots.is_some_and(|s| s.refused)
     }
@@ -346,20 +351,38 @@ pub(crate) fn outcome(tier: &Arc<TierEntry>, d: Decision) -> Result<RateLimitInf
 
 /// A refusal for want of a free slot: `Retry-After: 1` (a slot comes free
 /// when a request ends, which no clock tells), the concurrency limit as the
-/// reported limit.
+/// reported limit; or, when a band of the decision would refuse too (the
+/// storage asked them, charging nothing), that band's wait and state, so
+/// that the refusal is never answered sooner than the rate allows.
 #[cold]
 fn concurrency_limited(tier: &Arc<TierEntry>, d: Decision, slots: SlotState) -> RateLimited {
     let second = Duration::from_secs(1);
+    let refusing = d.bands.iter().any(|band| band.retry_after_ns > 0);
+    let (limit, remaining, retry_after, reset_after, band) = if refusing {
+        let Reported { band, limit, state } = Reported::of(tier, &d);
+        let retry = Duration::from_nanos(state.retry_after_ns).max(second);
+        (
+            limit,
+            state.remaining,
+            retry,
+            Duration::from_nanos(state.reset_after_ns),
+            band,
+        )
+    } else {
+        (slots.limit, 0, second, second, 0)
+    };
+    // bands that would admit say nothing of this refusal
+    let bands = if refusing { d.bands } else { BandStates::new() };
     RateLimited {
-        limit: slots.limit,
-        remaining: 0,
-        retry_after: second,
-        reset_after: second,
+        limit,
+        remaining,
+        retry_after,
+        reset_after,
         detail: Detail {
             tier: tier.clone(),
             now: d.now,
-            bands: BandStates::new(),
-            band: 0,
+            bands,
+            band,
             source: d.source,
             slots: Some(slots),
         },

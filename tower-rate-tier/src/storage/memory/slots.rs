@@ -51,14 +51,24 @@ impl Inner {
             set.expire(now);
             let in_use = set.in_use();
             if in_use >= slots.limit {
-                // nothing charged
+                // Nothing charged. The bands only say whether they would
+                // refuse too (see `Op::requirement`), so that the refusal
+                // waits for them as well.
+                let counted = !bands.is_empty() && !bands.iter().any(Quota::is_unlimited);
+                let bands_say = counted
+                    .then(|| {
+                        self.decide(scope, user, bands, op.requirement(bands.len()), clock)
+                            .ok()
+                    })
+                    .flatten();
                 let state = SlotState {
                     limit: slots.limit,
                     in_use,
                     lease: None,
                     refused: true,
                 };
-                return Ok(Decision::new(false, now, BandStates::new()).with_slots(state));
+                let states = bands_say.map(|d| d.bands).unwrap_or_default();
+                return Ok(Decision::new(false, now, states).with_slots(state));
             }
         }
         if bands.is_empty() || bands.iter().any(Quota::is_unlimited) {

@@ -21,7 +21,9 @@
 -- taken (or, for a release, given back), 0 when none was free, -1 when a
 -- band denied. decision is `redis.lua`'s reply for the bands ({allowed,
 -- now, then per band: remaining, reset_after_us, retry_after_us}); it has
--- no band when no band was decided (a release, no slot free, no bands).
+-- no band when no band was decided (a release, no bands). With no slot
+-- free it is the bands' answer to a requirement (mode "e", `allowed` 0):
+-- which of them would refuse too, and their waits.
 --
 -- An acquire is all or nothing: with no slot free it charges no band; with
 -- one free it decides the bands as `redis.lua` does (one time for both),
@@ -61,15 +63,55 @@ if limit == nil or lease == nil or lease < 1 then
   return redis.error_reply("ERR tower-rate-tier: bad slot arguments")
 end
 local in_use = redis.call("ZCARD", key)
+local band_keys = {}
+for i = 1, nbands do
+  band_keys[i] = KEYS[i + 1]
+end
 if in_use >= limit then
-  return {0, in_use, {0, now}}
+  -- No slot: no band is charged. The bands only say whether they would
+  -- refuse too (each that charges is required: one interval, its debt
+  -- bound kept; a charge of 0 is peeked), written nothing but the clamps,
+  -- so that the refusal waits for them as well.
+  if nbands == 0 then
+    return {0, in_use, {0, now}}
+  end
+  local spans, kinds = {}, {}
+  for i = 1, nbands do
+    local b = 6 + 3 * (i - 1)
+    local kind, debt = "c", "0"
+    if band_mode == "e" then
+      local d = 6 + 3 * nbands + 2 * (i - 1)
+      kind, debt = ARGV[d], ARGV[d + 1]
+    end
+    local inc = "0"
+    if kind == "q" or (kind == "c" and tonumber(ARGV[b + 2]) ~= 0) then
+      kind, inc = "q", ARGV[b]
+    else
+      kind = "c"
+    end
+    spans[#spans + 1] = ARGV[b]
+    spans[#spans + 1] = ARGV[b + 1]
+    spans[#spans + 1] = inc
+    kinds[#kinds + 1] = kind
+    kinds[#kinds + 1] = debt
+  end
+  local asked = {"e", string.format("%d", now)}
+  for _, v in ipairs(spans) do
+    asked[#asked + 1] = v
+  end
+  for _, v in ipairs(kinds) do
+    asked[#asked + 1] = v
+  end
+  local said = decide(band_keys, asked)
+  if said.err ~= nil then
+    return said
+  end
+  said[1] = 0
+  return {0, in_use, said}
 end
 local decision = {1, now}
 if nbands > 0 then
-  local band_keys, band_args = {}, {band_mode, string.format("%d", now)}
-  for i = 1, nbands do
-    band_keys[i] = KEYS[i + 1]
-  end
+  local band_args = {band_mode, string.format("%d", now)}
   for i = 6, #ARGV do
     band_args[#band_args + 1] = ARGV[i]
   end

@@ -250,7 +250,8 @@ async fn call(
     };
     let (slot, spans) = match slot {
         1 => (Slot::Taken, args.spans()),
-        0 => (Slot::Full, &[][..]),
+        // the bands' answer to a requirement (whether they would refuse too)
+        0 => (Slot::Full, args.spans()),
         -1 => (Slot::Denied, args.spans()),
         _ => return Err(bad_reply()),
     };
