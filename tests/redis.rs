@@ -21,6 +21,8 @@ mod deny_cache;
 mod each;
 #[path = "redis/exactness.rs"]
 mod exactness;
+#[path = "redis/failover.rs"]
+mod failover;
 #[path = "redis/failures.rs"]
 mod failures;
 #[path = "redis/fallback.rs"]

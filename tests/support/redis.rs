@@ -350,8 +350,20 @@ pub fn own_cluster() -> Option<RedisCluster> {
     redis_available().then(start_cluster)
 }
 
+/// A cluster of the caller's own with a replica per primary (3 primaries,
+/// 3 replicas, for tests of a failover); `None` when Redis is not
+/// installed outside CI (after a loud message).
+pub fn own_replicated_cluster() -> Option<RedisCluster> {
+    redis_available().then(|| start_cluster_of(1))
+}
+
 fn start_cluster() -> RedisCluster {
-    let nodes: Vec<RedisServer> = (0..3)
+    start_cluster_of(0)
+}
+
+/// 3 primaries with `replicas` replicas each, every replica in sync.
+fn start_cluster_of(replicas: usize) -> RedisCluster {
+    let nodes: Vec<RedisServer> = (0..3 * (1 + replicas))
         .map(|_| {
             let bus = free_port().to_string();
             RedisServer::start_with(&[
@@ -372,7 +384,7 @@ fn start_cluster() -> RedisCluster {
         .arg("--cluster")
         .arg("create")
         .args(&addrs)
-        .args(["--cluster-replicas", "0", "--cluster-yes"])
+        .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
         .stdin(Stdio::null())
         .output()
         .expect("run redis-cli --cluster create");
@@ -387,7 +399,11 @@ fn start_cluster() -> RedisCluster {
         let ok = nodes
             .iter()
             .all(|n| n.cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok"));
-        if ok {
+        let synced = nodes.iter().all(|n| {
+            let info = n.cli(&["INFO", "replication"]);
+            info.contains("role:master") || info.contains("master_link_status:up")
+        });
+        if ok && synced {
             break;
         }
         assert!(

@@ -393,6 +393,13 @@ async fn send(inner: &Arc<Inner>, batcher: &Batcher, batch: Vec<Waiting>) {
         },
         Ok(Ok(value)) => match args.split(value) {
             Some((replies, now)) => {
+                if nodes.is_some() && replies.iter().any(nodes::demoted) {
+                    // a failover made the batch's node a replica
+                    inner.conn.met_demoted_primary();
+                    if let Some(nodes) = nodes {
+                        nodes.refresh(inner);
+                    }
+                }
                 let decided: Vec<_> = replies
                     .into_iter()
                     .zip(&batch)

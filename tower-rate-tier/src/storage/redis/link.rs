@@ -71,6 +71,18 @@ impl Conn {
         }
     }
 
+    /// After a node of a Cluster answered `READONLY` inside a reply (an
+    /// item of a batch): the connection is made again, with the slot map
+    /// as it is now (see [`ClusterLink::check`]).
+    pub(super) fn met_demoted_primary(&self) {
+        if let Conn::Cluster(link) = self {
+            let mut slot = link.slot();
+            if matches!(*slot, Slot::Ready { .. }) {
+                *slot = Slot::Idle;
+            }
+        }
+    }
+
     /// `"single"` or `"cluster"`.
     pub(super) fn mode(&self) -> &'static str {
         match self {
@@ -199,9 +211,19 @@ impl ClusterLink {
     }
 
     /// Drops connection `id` after `error` if it says the connection's driver
-    /// task is gone, so that the next call connects again.
+    /// task is gone, or that a node it sent to is no primary any more, so
+    /// that the next call connects again.
+    ///
+    /// A node answers `READONLY` when a failover made it a replica: redis-rs
+    /// puts every cluster connection in `READONLY` mode, in which a replica
+    /// runs a script itself (`EVAL` is no write command) and fails its first
+    /// write, where it would redirect (`MOVED`) any other client. redis-rs
+    /// reads the slot map again only on a redirection, so without this every
+    /// decision of the failed-over slots would meet the old primary for good.
     fn check(&self, id: u64, error: &RedisError) {
-        if error.is_io_error() && error.to_string().contains("redis_cluster: Unable to") {
+        let gone = error.is_io_error() && error.to_string().contains("redis_cluster: Unable to");
+        let demoted = error.code() == Some("READONLY");
+        if gone || demoted {
             let mut slot = self.slot();
             if matches!(*slot, Slot::Ready { id: current, .. } if current == id) {
                 *slot = Slot::Idle;

@@ -91,7 +91,12 @@
 //! a move neither loses a charge nor counts one twice. A decision sent
 //! again after its key moved is decided after the other decisions of its
 //! batch. A node that fails fails the calls of its own queue only: the
-//! other primaries' batches go on. With a
+//! other primaries' batches go on. After a failover, the demoted primary
+//! answers `READONLY` (redis-rs keeps its cluster connections in
+//! `READONLY` mode, in which a replica runs the script itself rather than
+//! redirecting it): the storage then makes its cluster connection again,
+//! with the slot map as it is now, so only the decisions in flight during
+//! the failover fail (`Unavailable`). With a
 //! [`Fallback`](super::Fallback) over the storage, give it
 //! [`failure_domain`](RedisStorage::failure_domain) (one domain per slot),
 //! and only the failed node's keys are answered locally.

@@ -210,6 +210,17 @@ pub(super) fn relocated(reply: &Value) -> bool {
         .any(|needle| text.contains(needle))
 }
 
+/// Whether an item of a batch's reply is a `READONLY` error: the node the
+/// batch went to is a replica now (see `ClusterLink::check`).
+pub(super) fn demoted(reply: &Value) -> bool {
+    let text = match reply {
+        Value::BulkString(bytes) => std::str::from_utf8(bytes).unwrap_or(""),
+        Value::SimpleString(text) => text,
+        _ => return false,
+    };
+    text.starts_with("READONLY")
+}
+
 /// The server could not take the batch script: it does not read the
 /// script's first line (`#!lua flags=...`, Redis 7.0 and later).
 pub(super) fn refuses_script(error: &RedisError) -> bool {
