@@ -28,6 +28,10 @@ pub(crate) const EXPENSIVE: &str = "/demo.Quota/Expensive";
 /// Reserves 10 `points`, then as many `tokens` as its request says, through
 /// the request's `TierUsage`; a refusal is its `tonic::Status`.
 pub(crate) const RESERVE: &str = "/demo.Quota/Reserve";
+/// Reserves 60 tokens, then 60 more it can do without (a refusal it does
+/// not answer with), records 10, reserves 10 points, and answers its own
+/// RESOURCE_EXHAUSTED (an upstream's quota, say).
+pub(crate) const SWALLOW: &str = "/demo.Quota/Swallow";
 
 /// The service: both methods echo their request.
 #[derive(Debug, Clone, Default)]
@@ -69,9 +73,19 @@ where
                 usage.reserve("tokens", tokens).await?;
                 Ok::<_, Status>(tonic::Response::new(request.into_inner()))
             });
+            let swallow = tower::service_fn(|request: tonic::Request<String>| async move {
+                let usage = TierUsage::from_extensions(request.extensions())
+                    .ok_or_else(|| Status::internal("no limiter in front"))?;
+                usage.reserve("tokens", 60).await?;
+                let _ = usage.reserve("tokens", 60).await;
+                usage.record("tokens", 10);
+                usage.reserve("points", 10).await?;
+                Err::<tonic::Response<String>, _>(Status::resource_exhausted("upstream quota"))
+            });
             Ok(match req.uri().path() {
                 CHEAP | EXPENSIVE => grpc.unary(echo, req).await,
                 RESERVE => grpc.unary(reserve, req).await,
+                SWALLOW => grpc.unary(swallow, req).await,
                 _ => Status::unimplemented("no such method").into_http(),
             })
         })

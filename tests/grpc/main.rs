@@ -7,6 +7,7 @@
 
 mod axum;
 mod demo;
+mod usage_refusals;
 
 use std::time::Duration;
 
@@ -336,7 +337,7 @@ async fn unidentified_callers_are_keyed_by_tonics_peer_address() {
 }
 
 /// What a usage refusal leaves, by the units left of each band.
-async fn left(tiers: &RateTier, user: &str) -> Vec<(String, u32)> {
+pub(crate) async fn left(tiers: &RateTier, user: &str) -> Vec<(String, u32)> {
     let bands: Vec<_> = match tiers.check(user, "free", 0).await.unwrap() {
         Ok(admitted) => admitted.bands().collect(),
         // a unit at 0 refuses even a peek

@@ -3,7 +3,7 @@
 use bytes::Bytes;
 use http::{Response, StatusCode};
 
-use crate::cost::{Charges, Refused};
+use crate::cost::{Charges, NotedRefusal, Refused};
 
 /// A request's usage of its tier's units (tokens, points,
 /// any unit of [`RateTierBuilder::tier_unit`](crate::RateTierBuilder::tier_unit)),
@@ -95,6 +95,14 @@ impl TierUsage {
                 {
                     earlier.unreserve(unit, n);
                 }
+                if !refused.counted {
+                    // every limiter of the request knows the refusal when
+                    // the handler answers with it (as a `tonic::Status`)
+                    let noted = NotedRefusal::of(&refused.response);
+                    for charge in self.charges.0.iter().flatten() {
+                        charge.note_usage_refusal(noted.clone());
+                    }
+                }
                 return Err(TierRefusal::from(refused));
             }
             taken += 1;
@@ -154,6 +162,12 @@ impl From<Refused> for TierRefusal {
 }
 
 impl TierRefusal {
+    /// The refusal answered with `response` as it stands.
+    #[cfg(feature = "grpc")]
+    pub(crate) fn answered_by(response: Response<Bytes>) -> Self {
+        TierRefusal { response }
+    }
+
     fn new(mut response: Response<Bytes>) -> Self {
         crate::body::mark_refusal(&mut response);
         TierRefusal { response }

@@ -86,10 +86,11 @@ pub(crate) struct ChargeState {
     /// among a tier's units), by who reserved them; empty, it allocates
     /// nothing.
     pub(super) reserved: Vec<(u32, Parts)>,
-    /// The status of the last refusal a reservation got that consumes
-    /// nothing (429 for want of quota, 503 for a failed storage): a gRPC
-    /// answer of its code answers it (see [`Charge::answers_usage_refusal`]).
-    pub(super) usage_refusal: Option<http::StatusCode>,
+    /// The last refusal of a reservation of the request that consumes
+    /// nothing (429 for want of quota, 503 for a failed storage), in any
+    /// limiter: a gRPC answer that is that refusal answers it (see
+    /// [`Charge::answers_usage_refusal`]).
+    pub(super) usage_refusal: Option<super::usage::NotedRefusal>,
 }
 
 impl ChargeState {

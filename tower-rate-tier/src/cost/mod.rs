@@ -118,7 +118,7 @@ mod usage;
 pub(crate) use charge::{Charge, ChargeState, Charges, Ledger, Outcome};
 pub use layer::{TierCostFuture, TierCostLayer, TierCostService, tier_cost};
 pub(crate) use learned::RouteKey;
-pub(crate) use usage::Refused;
+pub(crate) use usage::{NotedRefusal, Refused};
 
 /// A per-request cost, inserted into the request extensions by a layer that
 /// runs before the limiter. It overrides every other cost source.

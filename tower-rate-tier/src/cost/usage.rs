@@ -36,43 +36,64 @@ impl Refused {
     }
 }
 
+/// A refusal of a reservation that consumes nothing, as the request's
+/// charges note it: its HTTP status, and the gRPC status it becomes (its
+/// code and details, the `RetryInfo` and `QuotaFailure` of this very
+/// refusal), by which a tonic handler's answer is known to be it.
+#[derive(Debug, Clone)]
+#[cfg_attr(not(feature = "grpc"), allow(dead_code))] // read by gRPC answers only
+pub(crate) struct NotedRefusal {
+    status: http::StatusCode,
+    #[cfg(feature = "grpc")]
+    grpc: (tonic::Code, Bytes),
+}
+
+impl NotedRefusal {
+    /// The refusal `response` (a 429 or 503 that consumes nothing).
+    pub(crate) fn of(response: &Response<Bytes>) -> Self {
+        NotedRefusal {
+            status: response.status(),
+            #[cfg(feature = "grpc")]
+            grpc: {
+                let mut copy = Response::new(response.body().clone());
+                *copy.status_mut() = response.status();
+                *copy.headers_mut() = response.headers().clone();
+                let status = tonic::Status::from(crate::usage::TierRefusal::answered_by(copy));
+                (status.code(), status.details().to_vec().into())
+            },
+        }
+    }
+}
+
 impl Charge {
-    /// A refusal of a reservation that consumes nothing, noted (see
-    /// [`Charge::answers_usage_refusal`]).
-    fn refused_usage(&self, response: Response<Bytes>) -> Refused {
-        self.lock().usage_refusal = Some(response.status());
-        Refused::consuming_nothing(response)
+    /// Notes `refusal`, which a reservation of this request got (in this
+    /// limiter or another one of the request).
+    pub(crate) fn note_usage_refusal(&self, refusal: NotedRefusal) {
+        self.lock().usage_refusal = Some(refusal);
     }
 
-    /// Whether `response` is a gRPC answer with the code of the refusal
-    /// a reservation of this request got, which it then answers: a
+    /// Whether `response` is a gRPC answer that is the refusal a
+    /// reservation of this request got, which it then answers: a
     /// [`TierRefusal`](crate::TierRefusal) turned into a `tonic::Status`
     /// carries none of the refusal's marks, and its HTTP status is 200.
-    /// Such a response is marked a refusal (it consumes nothing here or
-    /// in limiters further out); `Some(true)` when the refusal was for
-    /// want of quota (every reservation the handler did not record comes
-    /// back too), `None` when it does not answer one.
+    /// It is known by its status: the refusal's code and details (a
+    /// handler's own status, after a refusal it did not answer with, is
+    /// not it). Such a response is marked a refusal (it consumes nothing
+    /// here or in limiters further out); `Some(true)` when the refusal was
+    /// for want of quota (every reservation the handler did not record
+    /// comes back too), `None` when it does not answer one.
     #[cfg(feature = "grpc")]
     pub(crate) fn answers_usage_refusal<B>(&self, response: &mut Response<B>) -> Option<bool> {
-        let refused = self.lock().usage_refusal?;
-        let headers = response.headers();
-        if response.extensions().get::<crate::body::Refusal>().is_some() || !crate::grpc::is_grpc(headers) {
+        let noted = self.lock().usage_refusal.clone()?;
+        if !crate::grpc::is_grpc(response.headers()) {
             return None;
         }
-        let for_quota = refused == http::StatusCode::TOO_MANY_REQUESTS;
-        let code = if for_quota {
-            tonic::Code::ResourceExhausted
-        } else {
-            crate::grpc::code_for_status(refused)
-        };
-        let answered = headers
-            .get("grpc-status")
-            .and_then(|v| v.to_str().ok()?.parse::<i32>().ok());
-        if answered != Some(code as i32) {
+        let answered = tonic::Status::from_header_map(response.headers())?;
+        if (answered.code(), answered.details()) != (noted.grpc.0, &noted.grpc.1[..]) {
             return None;
         }
         crate::body::mark_refusal(response);
-        Some(for_quota)
+        Some(noted.status == http::StatusCode::TOO_MANY_REQUESTS)
     }
 }
 
@@ -122,13 +143,17 @@ impl Charge {
                 // given back (the refusal's mark does that on the way out)
                 let charged = self.lock().charged.total();
                 let limited = limited.with_requests_refunded(charged);
-                Err(self.refused_usage(refusals.limited(self.user.as_str(), n, &limited)))
+                Err(Refused::consuming_nothing(refusals.limited(
+                    self.user.as_str(),
+                    n,
+                    &limited,
+                )))
             }
             Err(CheckError::Storage(error)) => {
                 match refusals.storage_failed(self.user.as_str(), &self.tier.name, &error) {
                     // let through (fail open): nothing reserved
                     None => Ok(()),
-                    Some(refusal) => Err(self.refused_usage(refusal)),
+                    Some(refusal) => Err(Refused::consuming_nothing(refusal)),
                 }
             }
             Err(error) => {
