@@ -109,8 +109,11 @@ impl Inner {
         let single = single_name.and_then(|name| scope.single.get(user).map(|tat| (name, *tat)));
         let now = clock.now();
         let (decision, new) = apply(seeded(single).as_ref(), now);
-        if new.is_none() {
-            if single.is_none() && self.keyless_in_overflow(op, refund) {
+        // Nothing to keep of a key that has no state: answered as it is. A
+        // key with its state in the one-band map goes on (a refund may
+        // leave it fresh: it then leaves that map).
+        if new.is_none() && single.is_none() {
+            if self.keyless_in_overflow(op, refund) {
                 return Ok(self.decide_overflow(scope.key(user), bands, op, clock));
             }
             return Ok(decision);
@@ -137,21 +140,21 @@ impl Inner {
                 // beside this one (see `Inner::insert_one`).
                 let moved =
                     single_name.and_then(|name| scope.single.remove(user).map(|(_, tat)| (name, tat)));
-                match (reserved, moved.is_some()) {
-                    // the key moved: no new key after all
-                    (true, true) => {
-                        self.len.fetch_sub(1, Ordering::Relaxed);
-                    }
-                    // a sweep removed it meanwhile (and counted it): the key
-                    // here is one more
-                    (false, false) => {
-                        self.len.fetch_add(1, Ordering::Relaxed);
-                    }
-                    _ => {}
-                }
                 let now = clock.now();
                 let (decision, new) = apply(seeded(moved).as_ref(), now);
-                e.insert(new.unwrap_or_else(|| store(names, &[None; MAX_BANDS][..n], now)));
+                // The keys after, against those before and the room
+                // reserved: the one-band key moved here, or left fresh (a
+                // refund), or was swept meanwhile (and counted), or made
+                // meanwhile.
+                let keys = isize::from(new.is_some()) - isize::from(moved.is_some()) - isize::from(reserved);
+                if keys > 0 {
+                    self.len.fetch_add(keys.unsigned_abs(), Ordering::Relaxed);
+                } else if keys < 0 {
+                    self.len.fetch_sub(keys.unsigned_abs(), Ordering::Relaxed);
+                }
+                if let Some(new) = new {
+                    e.insert(new);
+                }
                 Ok(decision)
             }
         }

@@ -320,3 +320,22 @@ fn a_decision_by_name_racing_the_retirement_of_its_scope_keeps_its_charge() {
     storage.sweep();
     assert_eq!(storage.len(), 0);
 }
+
+/// A refund of several bands that meets the user's state in the one-band
+/// map (a tier that gained a band) gives it back, even when it leaves
+/// every band fresh, and the key goes with its state.
+#[test]
+fn a_refund_that_moves_a_one_band_state_and_leaves_it_fresh_is_kept() {
+    let clock: Arc<dyn Clock> = Arc::new(FakeClock::new());
+    let storage = MemoryStorage::new();
+    let hour = Quota::per_hour(5);
+    let both = [hour, Quota::per_day(1_000)];
+    assert!(ready(storage.decide(key("ada"), &[hour], Op::Charge(1), &clock)).allowed);
+    assert_eq!(storage.len(), 1);
+    assert!(ready(storage.decide(key("ada"), &both, Op::Refund(1), &clock)).allowed);
+    assert_eq!(storage.len(), 0, "the key left fresh is no key");
+    let admitted = (0..10)
+        .filter(|_| ready(storage.decide(key("ada"), &[hour], Op::Charge(1), &clock)).allowed)
+        .count();
+    assert_eq!(admitted, 5, "the refund was lost");
+}
