@@ -75,7 +75,8 @@ impl TierUsage {
     /// the unit; refused (nothing taken anywhere) when it does not fit in
     /// one of them. A tier without the unit (a plan that does not limit
     /// it) takes nothing, when a tier of the same limiter counts it or did
-    /// (before a change at run time). A unit no tier counts or counted is
+    /// (before a change at run time), or a customer's own quotas of a
+    /// request it saw did. A unit no tier counts or counted is
     /// an error (a 500 that names it): a misspelt unit is never silently
     /// uncounted; a request a limiter let through uncounted (by policy, or
     /// a storage failure under `OnStorageError::Allow`) is not refused for

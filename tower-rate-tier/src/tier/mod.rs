@@ -247,6 +247,19 @@ impl RateTier {
         self.inner.table.load().knows_unit(unit)
     }
 
+    /// Makes the units of `entry` (a customer's own, say) known (see
+    /// [`RateTier::knows_unit`]), unless they are.
+    pub(crate) fn learn_units(&self, entry: &TierEntry) {
+        let known = |table: &table::Table| entry.units.iter().all(|u| table.knows_unit(u.unit.as_str()));
+        if known(&self.inner.table.load()) {
+            return;
+        }
+        self.inner.table.rcu(|table| match known(table) {
+            true => table::Table::clone(table),
+            false => table.knowing_units_of(entry),
+        });
+    }
+
     /// The default tier now.
     pub(crate) fn default_entry(&self) -> Option<Arc<TierEntry>> {
         self.inner.table.load().default_entry().cloned()

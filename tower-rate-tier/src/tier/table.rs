@@ -14,6 +14,10 @@ use crate::headers::TierHeaders;
 use crate::quota::Quota;
 use crate::storage::TierScope;
 
+/// The most unit names a table knows of the customers' own quotas (names
+/// a program gives, never a client; a bound all the same).
+const MAX_KNOWN_UNITS: usize = 256;
+
 /// Up to this many tiers, a name is looked up by comparing, not hashing.
 const LINEAR_LOOKUP_MAX_TIERS: usize = 8;
 
@@ -24,8 +28,8 @@ pub(crate) struct Table {
     by_name: HashMap<Box<str>, usize, foldhash::fast::RandomState>,
     default: Option<usize>,
     /// The name of every unit a tier of this table or of an earlier
-    /// version counts or counted: a unit a tier does not count is not a
-    /// typo when one of these names it.
+    /// version counts or counted, or a customer's own quotas did: a unit a
+    /// tier does not count is not a typo when one of these names it.
     units: Arc<[Box<str>]>,
 }
 
@@ -123,6 +127,16 @@ impl Table {
             default,
             units: self.units.clone(),
         })
+    }
+
+    /// This table, knowing the units of `entry` too (a customer's own), up
+    /// to [`MAX_KNOWN_UNITS`] names.
+    pub(crate) fn knowing_units_of(&self, entry: &TierEntry) -> Table {
+        let mut next = self.clone();
+        if self.units.len() < MAX_KNOWN_UNITS {
+            next.units = with_units(&self.units, entry);
+        }
+        next
     }
 
     /// Whether a tier of this table or of an earlier version counts or
