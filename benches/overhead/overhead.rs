@@ -9,7 +9,8 @@
 //! `app`), `contracts-first`, `contracts-late` (every user on a contract of
 //! its own; `late`: after 20,000 other distinct contracts were decided), or
 //! `core-ours`, `core-governor`, `core-governor-state` (governor answering with
-//! the state, as ours does), `core-ab ROUNDS` for the bare check.
+//! the state, as ours does), `core-new-keys` (every check a key not seen
+//! before), `core-ab ROUNDS` for the bare check.
 
 use std::borrow::Cow;
 use std::future::Future;
@@ -204,6 +205,15 @@ fn core(mode: &str, n: usize) {
             .build();
         core_loop_ours(&tiers, &keys, keys.len());
         core_loop_ours(&tiers, &keys, n)
+    } else if mode == "core-new-keys" {
+        // every check a user the storage has not seen: the path of a new
+        // key (its room taken, its state inserted), after 10,000 others
+        let tiers = RateTier::builder()
+            .tier("free", Quota::per_second(1_000_000))
+            .build();
+        core_loop_ours(&tiers, &keys, keys.len());
+        let new: Vec<String> = (0..n).map(|i| format!("new-{i:07}")).collect();
+        core_loop_new_keys(&tiers, &new)
     } else if mode == "core-ours-unit" {
         // the same loop as `core-ours`, on a tier with a unit
         let tiers = with_unit();
@@ -236,6 +246,22 @@ fn core(mode: &str, n: usize) {
 #[inline(never)]
 fn core_loop_ours(tiers: &RateTier, keys: &[String], n: usize) -> usize {
     in_place(tiers, keys, n)
+}
+
+/// A check of ours of each of `keys`, none seen before (a loop of its
+/// own, which the compiler cannot fold into `core_loop_ours`).
+#[inline(never)]
+fn core_loop_new_keys(tiers: &RateTier, keys: &[String]) -> usize {
+    let waker = std::task::Waker::noop();
+    let mut cx = std::task::Context::from_waker(waker);
+    let mut ok = 0;
+    for key in keys {
+        let mut check = std::pin::pin!(tiers.check(std::hint::black_box(key), "free", 1));
+        if let std::task::Poll::Ready(Ok(Ok(_))) = check.as_mut().poll(&mut cx) {
+            ok += 1;
+        }
+    }
+    ok
 }
 
 /// `n` records of one token of usage (`RateTier::record`), each future

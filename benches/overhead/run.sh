@@ -36,7 +36,7 @@ core() {
 }
 # (a tier with a unit runs the loop of ours: the two would be one function)
 for subject in "ours core-ours" "governor core-governor" "governor_state core-governor-state" \
-  "ours core-ours-unit" "record core-record"; do
+  "ours core-ours-unit" "record core-record" "new_keys core-new-keys"; do
   set -- $subject
   a=$(core "$1" "$2" 100000); b=$(core "$1" "$2" 200000)
   printf '%-22s %6d instructions\n' "$2" $(( (b - a) / 100000 ))

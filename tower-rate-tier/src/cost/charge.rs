@@ -185,9 +185,21 @@ impl Charge {
 
     /// Called by the limiter on the way out: adds the headers of the final
     /// state, and learns the route's declared cost (or that a route that
-    /// answered successfully declares none).
-    pub(crate) fn finish<B>(&self, response: &mut Response<B>) {
+    /// answered successfully declares none). `true` when the response is a
+    /// gRPC answer that is the refusal of a reservation of the request for
+    /// want of quota (see [`NotedRefusal::answered_by`]), which it marks.
+    pub(crate) fn finish<B>(&self, response: &mut Response<B>) -> bool {
         let mut state = self.lock();
+        // a gRPC answer that is a refusal of a reservation of the request
+        // is marked one here
+        #[cfg(feature = "grpc")]
+        let for_quota = state
+            .usage_refusal
+            .as_ref()
+            .and_then(|noted| noted.answered_by(response))
+            == Some(true);
+        #[cfg(not(feature = "grpc"))]
+        let for_quota = false;
         if response.extensions().get::<Refusal>().is_some() {
             // Refused: it consumes nothing here, and the refusal keeps its
             // own headers. When this limiter's own settlement of a
@@ -206,7 +218,7 @@ impl Charge {
             if let (Some((method, path)), Some((cost, source))) = (&self.route, own) {
                 self.ledger.learned.set(method, path, cost, source, true);
             }
-            return;
+            return for_quota;
         }
         let refund = self
             .ledger
@@ -231,7 +243,7 @@ impl Charge {
             Outcome::Refused | Outcome::Bypass => {}
         }
         let Some((method, path)) = &self.route else {
-            return;
+            return false;
         };
         // A method the route has no handler for: axum's 405 (or a 501) comes
         // from a fallback that the route's layers wrap too, so a declaration
@@ -240,7 +252,7 @@ impl Charge {
             response.status(),
             http::StatusCode::METHOD_NOT_ALLOWED | http::StatusCode::NOT_IMPLEMENTED
         ) {
-            return;
+            return false;
         }
         let learned = &self.ledger.learned;
         match state.declared {
@@ -255,6 +267,7 @@ impl Charge {
             }
             None => {}
         }
+        false
     }
 
     /// Records `declared` (by `source`) and says whether the charge already

@@ -63,6 +63,28 @@ impl NotedRefusal {
             },
         }
     }
+
+    /// Whether `response` is a gRPC answer that is this refusal, which it
+    /// then answers: a [`TierRefusal`](crate::TierRefusal) turned into a
+    /// `tonic::Status` carries none of the refusal's marks, and its HTTP
+    /// status is 200. It is known by its status: the refusal's code and
+    /// details (a handler's own status, after a refusal it did not answer
+    /// with, is not it). Such a response is marked a refusal (it consumes
+    /// nothing here or in limiters further out); `Some(true)` when the
+    /// refusal was for want of quota (every reservation the handler did
+    /// not record comes back too), `None` when it does not answer it.
+    #[cfg(feature = "grpc")]
+    pub(crate) fn answered_by<B>(&self, response: &mut Response<B>) -> Option<bool> {
+        if !crate::grpc::is_grpc(response.headers()) {
+            return None;
+        }
+        let answered = tonic::Status::from_header_map(response.headers())?;
+        if (answered.code(), answered.details()) != (self.grpc.0, &self.grpc.1[..]) {
+            return None;
+        }
+        crate::body::mark_refusal(response);
+        Some(self.status == http::StatusCode::TOO_MANY_REQUESTS)
+    }
 }
 
 impl Charge {
@@ -70,30 +92,6 @@ impl Charge {
     /// limiter or another one of the request).
     pub(crate) fn note_usage_refusal(&self, refusal: NotedRefusal) {
         self.lock().usage_refusal = Some(refusal);
-    }
-
-    /// Whether `response` is a gRPC answer that is the refusal a
-    /// reservation of this request got, which it then answers: a
-    /// [`TierRefusal`](crate::TierRefusal) turned into a `tonic::Status`
-    /// carries none of the refusal's marks, and its HTTP status is 200.
-    /// It is known by its status: the refusal's code and details (a
-    /// handler's own status, after a refusal it did not answer with, is
-    /// not it). Such a response is marked a refusal (it consumes nothing
-    /// here or in limiters further out); `Some(true)` when the refusal was
-    /// for want of quota (every reservation the handler did not record
-    /// comes back too), `None` when it does not answer one.
-    #[cfg(feature = "grpc")]
-    pub(crate) fn answers_usage_refusal<B>(&self, response: &mut Response<B>) -> Option<bool> {
-        let noted = self.lock().usage_refusal.clone()?;
-        if !crate::grpc::is_grpc(response.headers()) {
-            return None;
-        }
-        let answered = tonic::Status::from_header_map(response.headers())?;
-        if (answered.code(), answered.details()) != (noted.grpc.0, &noted.grpc.1[..]) {
-            return None;
-        }
-        crate::body::mark_refusal(response);
-        Some(noted.status == http::StatusCode::TOO_MANY_REQUESTS)
     }
 }
 

@@ -74,11 +74,9 @@ pub(crate) fn finish<B>(
     slot: Option<SlotGuard>,
 ) -> Response<ResponseBody<B>> {
     let meter = charge.and_then(|charge| {
-        #[cfg(feature = "grpc")]
-        let grpc_for_quota = charge.answers_usage_refusal(&mut response) == Some(true);
-        #[cfg(not(feature = "grpc"))]
-        let grpc_for_quota = false;
-        charge.finish(&mut response);
+        // a gRPC answer that is a refusal of a reservation, for want of
+        // quota (see `Charge::finish`)
+        let grpc_for_quota = charge.finish(&mut response);
         let extensions = response.extensions();
         let refusal = extensions.get::<crate::body::Refusal>().is_some();
         if refusal && (response.status() == http::StatusCode::TOO_MANY_REQUESTS || grpc_for_quota) {

@@ -417,24 +417,23 @@ impl Inner {
         clock: &Arc<dyn Clock>,
         refund: KeylessRefund,
     ) -> Result<Decision, StorageError> {
-        if scope.multi.contains_key(user) {
-            // The user's bands are kept under their names (its band had
-            // another window than `single` when it was first seen): its state
-            // is there.
-            return self.decide_many(scope, user, bands, op, clock, refund);
-        }
         let now = clock.now();
         let mut tat = [None];
         let decision = super::decide_bands(&mut tat, now, bands, op);
-        if tat[0].is_none() {
-            if self.keyless_in_overflow(op, refund) {
+        let keeps = tat[0].is_some();
+        if !keeps || !self.reserve_slot(now) {
+            if scope.multi.contains_key(user) {
+                // The user's bands are kept under their names (its band had
+                // another window than `single` when it was first seen): its
+                // state is there.
+                return self.decide_many(scope, user, bands, op, clock, refund);
+            }
+            if keeps || self.keyless_in_overflow(op, refund) {
+                // (no room for the key)
                 return Ok(self.decide_overflow(scope.key(user), bands, op, clock));
             }
             // Denied, a peek, or a refund: nothing to keep.
             return Ok(decision);
-        }
-        if !self.reserve_slot(now) {
-            return Ok(self.decide_overflow(scope.key(user), bands, op, clock));
         }
         // The key goes into the one-band map while its entry in the map of
         // several bands is held (vacant): a decision of several bands moves
