@@ -212,6 +212,16 @@ pub fn refusal(request: &HeaderMap, refusal: Response<Bytes>, retry_pushback: bo
     }
 }
 
+/// A refusal (a usage reservation's, say) as the `tonic::Status` a handler
+/// answers with: the status the layer answers a gRPC call with.
+pub(crate) fn refusal_status(refusal: Response<Bytes>) -> tonic::Status {
+    let answer = to_grpc(refusal, false, HeaderValue::from_static("application/grpc"));
+    let mut fields = answer.headers().clone();
+    fields.remove(CONTENT_TYPE);
+    tonic::Status::from_header_map(&fields)
+        .unwrap_or_else(|| tonic::Status::internal("the usage was refused"))
+}
+
 fn to_grpc(refusal: Response<Bytes>, retry_pushback: bool, content_type: HeaderValue) -> Response<Bytes> {
     let (parts, body) = refusal.into_parts();
     let problem: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();

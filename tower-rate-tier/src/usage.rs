@@ -163,12 +163,6 @@ impl From<Refused> for TierRefusal {
 }
 
 impl TierRefusal {
-    /// The refusal answered with `response` as it stands.
-    #[cfg(feature = "grpc")]
-    pub(crate) fn answered_by(response: Response<Bytes>) -> Self {
-        TierRefusal { response }
-    }
-
     fn new(mut response: Response<Bytes>) -> Self {
         crate::body::mark_refusal(&mut response);
         TierRefusal { response }
@@ -244,15 +238,6 @@ impl From<TierRefusal> for tonic::Status {
     /// back the request's charge and every reservation the handler did not
     /// record.
     fn from(refusal: TierRefusal) -> Self {
-        let mut call = http::HeaderMap::new();
-        call.insert(
-            http::header::CONTENT_TYPE,
-            http::HeaderValue::from_static("application/grpc"),
-        );
-        let answer = crate::grpc::refusal(&call, refusal.response, false);
-        let mut fields = answer.headers().clone();
-        fields.remove(http::header::CONTENT_TYPE);
-        tonic::Status::from_header_map(&fields)
-            .unwrap_or_else(|| tonic::Status::internal("the usage was refused"))
+        crate::grpc::refusal_status(refusal.response)
     }
 }

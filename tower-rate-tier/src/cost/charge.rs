@@ -10,14 +10,16 @@ use smallvec::SmallVec;
 
 use super::Source;
 use super::learned::{Learned, RouteKey};
+pub(crate) use super::outcome::Outcome;
 use super::parts::Parts;
 use crate::body::Refusal;
 use crate::headers::RateLimitHeaders;
+use crate::identity::OwnQuotas;
 use crate::refusal::Refusals;
 use crate::response::{apply_admitted_fields, apply_limited_fields};
-use crate::storage::{Decision, DecisionSource};
+use crate::storage::DecisionSource;
 use crate::tier::{
-    Begun, CheckError, RateLimitInfo, RateLimited, RateTier, TierEntry, User, check_result, refund_requests,
+    Begun, CheckError, RateLimitInfo, RateTier, TierEntry, User, check_result, refund_requests,
 };
 
 /// What a limiter's charges need of it: its tiers, how it refuses, and the
@@ -40,36 +42,22 @@ impl Ledger {
     pub(crate) fn shadowed(&self, tier: &TierEntry) -> bool {
         self.shadow || tier.shadow
     }
+
+    /// `tier` with an identity's own quotas (built once per `with_quotas`
+    /// value); a part a tier could not have is ignored alone (a throttled
+    /// warning says so). The units it counts are known to the limiter from
+    /// then on: a handler's reservation of one is no typo for the tier's
+    /// other users.
+    pub(crate) fn own_entry(&self, tier: Arc<TierEntry>, own: &OwnQuotas) -> Arc<TierEntry> {
+        let entry = own.entry(&tier, |error| self.refusals.own_quotas_ignored(&tier.name, error));
+        if !entry.units.is_empty() {
+            self.tiers.learn_units(&entry);
+        }
+        entry
+    }
 }
 
 pub(crate) type RefundOn = dyn Fn(http::StatusCode) -> bool + Send + Sync;
-
-/// What a charge ended as.
-#[derive(Debug, Clone)]
-pub(crate) enum Outcome {
-    /// Admitted: headers from the storage's decision as it stands (the
-    /// general outcome, [`RateLimitInfo`], is never built for them).
-    Admitted(Decision),
-    /// Would have been refused, let through by shadow mode: headers of this
-    /// state, without `Retry-After`.
-    Shadowed(RateLimited),
-    /// Refused; the response carries its own headers.
-    Refused,
-    /// Let through uncounted (policy): no headers.
-    Bypass,
-}
-
-impl Outcome {
-    /// The slot state its fields report, for a tier with a concurrency
-    /// limit.
-    fn slots(&self) -> Option<crate::storage::SlotState> {
-        match self {
-            Outcome::Admitted(decision) => decision.slots,
-            Outcome::Shadowed(limited) => limited.detail.slots,
-            Outcome::Refused | Outcome::Bypass => None,
-        }
-    }
-}
 
 #[derive(Debug)]
 pub(crate) struct ChargeState {
@@ -89,7 +77,7 @@ pub(crate) struct ChargeState {
     /// The last refusal of a reservation of the request that consumes
     /// nothing (429 for want of quota, 503 for a failed storage), in any
     /// limiter: a gRPC answer that is that refusal answers it (see
-    /// [`Charge::answers_usage_refusal`]).
+    /// [`NotedRefusal::answered_by`](super::usage::NotedRefusal::answered_by)).
     pub(super) usage_refusal: Option<super::usage::NotedRefusal>,
 }
 

@@ -111,6 +111,7 @@ mod charge;
 pub(crate) mod extract;
 mod layer;
 mod learned;
+mod outcome;
 mod parts;
 mod settlement;
 mod usage;

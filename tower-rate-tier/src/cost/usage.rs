@@ -58,7 +58,7 @@ impl NotedRefusal {
                 let mut copy = Response::new(response.body().clone());
                 *copy.status_mut() = response.status();
                 *copy.headers_mut() = response.headers().clone();
-                let status = tonic::Status::from(crate::usage::TierRefusal::answered_by(copy));
+                let status = crate::grpc::refusal_status(copy);
                 (status.code(), status.details().to_vec().into())
             },
         }

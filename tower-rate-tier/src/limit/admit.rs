@@ -9,9 +9,9 @@ use http::{Method, StatusCode};
 
 use super::config::{Identify, LayerConfig};
 use super::head::Head;
-use crate::cost::{Charge, ChargeState, Charges, Ledger, Outcome, RouteKey, Source, TierCost};
+use crate::cost::{Charge, ChargeState, Charges, Outcome, RouteKey, Source, TierCost};
 use crate::event::RateLimitEvent;
-use crate::identity::{ANONYMOUS_PREFIX, OwnQuotas, TierIdentity};
+use crate::identity::{ANONYMOUS_PREFIX, TierIdentity};
 use crate::policy::{OnMissing, OnUnknownTier};
 use crate::problem::problem;
 use crate::slot::{Acquiring, Release, SlotGuard};
@@ -36,21 +36,6 @@ pub(crate) enum Admission {
     /// quota (a client not identified, a tier not configured): limiters
     /// further out count the request.
     Answer(http::Response<bytes::Bytes>),
-}
-
-/// `tier` with an identity's own quotas (built once per `with_quotas`
-/// value); a part a tier could not have is ignored alone (a throttled
-/// warning says so).
-/// The units it counts are known to the limiter from then on: a handler's
-/// reservation of one is no typo for the tier's other users.
-fn own_quotas(tier: Arc<TierEntry>, own: &OwnQuotas, ledger: &Ledger) -> Arc<TierEntry> {
-    let entry = own.entry(&tier, |error| {
-        ledger.refusals.own_quotas_ignored(&tier.name, error)
-    });
-    if !entry.units.is_empty() {
-        ledger.tiers.learn_units(&entry);
-    }
-    entry
 }
 
 /// The request's charge, put where route-level declarations find it: the
@@ -195,7 +180,7 @@ pub(crate) fn bill(
                 None => unknown_tier(config, head, &user, &identity)?,
             };
             let tier = match identity.own_quotas() {
-                Some(own) => own_quotas(tier, own, &config.ledger),
+                Some(own) => config.ledger.own_entry(tier, own),
                 None => tier,
             };
             (user, tier)

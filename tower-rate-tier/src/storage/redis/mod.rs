@@ -70,9 +70,9 @@
 //! slot (`CLUSTER SLOTS`, when it starts and again after a slot has moved
 //! or a node failed, at most every 100 ms), and a decision waits in the
 //! queue of the primary that serves its key. Each queue batches as a single
-//! server does: a decision that finds no call of its node in flight is
-//! sent at once, others go out together, at most two calls in flight per
-//! node, in the order asked. A batch holds keys of many slots, which a
+//! server does: a decision that finds no call of its node in flight is sent
+//! at once, others go out together in the order asked, at most two calls
+//! in flight per node. A batch holds keys of many slots, which a
 //! call cannot declare (Redis refuses declared keys of different slots with
 //! `CROSSSLOT`), so the batch script takes its keys as arguments and
 //! carries the flag `#!lua flags=allow-cross-slot-keys`. **This needs Redis
@@ -82,24 +82,20 @@
 //! [`batching(false)`](RedisStorageBuilder::batching): nothing fails and
 //! nothing is counted twice, since the refused script never ran.
 //!
-//! **Resharding and failover**: a node refuses a key it does not serve,
-//! and the batch script passes that refusal on for that decision alone; the
-//! storage sends such a decision again on its own, routed by its keys (the
-//! driver follows `MOVED` and `ASK`, and the storage follows a redirection
-//! or a `TRYAGAIN` that the driver's own retry met again, within the
-//! timeout), and reads the slot map again. Nothing refused was counted, so
-//! a move neither loses a charge nor counts one twice. A decision sent
-//! again after its key moved is decided after the other decisions of its
-//! batch. A node that fails fails the calls of its own queue only: the
-//! other primaries' batches go on. After a failover, the demoted primary
-//! answers `READONLY` (redis-rs keeps its cluster connections in
-//! `READONLY` mode, in which a replica runs the script itself rather than
-//! redirecting it): the storage then makes its cluster connection again,
-//! with the slot map as it is now, so only the decisions in flight during
-//! the failover fail (`Unavailable`). With a
-//! [`Fallback`](super::Fallback) over the storage, give it
-//! [`failure_domain`](RedisStorage::failure_domain) (one domain per slot),
-//! and only the failed node's keys are answered locally.
+//! **Resharding and failover**: a node refuses a key it does not serve, and the
+//! batch script passes that refusal on for that decision alone; the storage
+//! sends such a decision again on its own, routed by its keys (the driver
+//! follows `MOVED` and `ASK`, and the storage follows a redirection or a
+//! `TRYAGAIN` that the driver's own retry met again, within the timeout), and
+//! reads the slot map again. Nothing refused was counted, so a move neither
+//! loses a charge nor counts one twice. A decision sent again after its key
+//! moved is decided after the other decisions of its batch. A node that fails
+//! fails the calls of its own queue only: the other primaries' batches go on.
+//! After a failover, a `READONLY` answer (a demoted primary) makes the
+//! storage connect again, with the new slot map. Give a
+//! [`Fallback`](super::Fallback) over the storage its
+//! [`failure_domain`](RedisStorage::failure_domain) (a domain per slot):
+//! only the failed node's keys are answered locally.
 //!
 //! Measured against [`batching(false)`](RedisStorageBuilder::batching) on
 //! a local 3-master cluster on a busy machine (BENCHMARKS.md,
@@ -184,15 +180,15 @@
 //! ```
 //!
 //! `+eval` runs the script (and loads it after `NOSCRIPT`); `+evalsha` runs it
-//! without sending it (without it every call sends the whole script);
-//! `+time`, `+get`, `+mget`, `+set` and `+del` are the commands the script
-//! itself runs, which Redis checks against the caller's ACL (`+time` is
-//! unused with a [client clock](RedisStorageBuilder::client_clock)); a tier
-//! with a concurrency limit adds its slots' `+zremrangebyscore +zcard +zadd
-//! +zrem +zrange +pexpire` (grant all six). Neither `SCRIPT LOAD` nor `PING` is
-//! needed. On a Cluster the user also needs `+cluster|slots`, which
-//! redis-rs's cluster driver already reads; the storage reads it too, for
-//! its batches (without it every decision is its own call).
+//! without sending it (without it every call sends the whole script); `+time`,
+//! `+get`, `+mget`, `+set` and `+del` are the commands the script itself runs,
+//! which Redis checks against the caller's ACL (`+time` is unused with a [client
+//! clock](RedisStorageBuilder::client_clock)); a tier with a concurrency limit
+//! adds its slots' `+zremrangebyscore +zcard +zadd +zrem +zrange +pexpire`
+//! (grant all six). Neither `SCRIPT LOAD` nor `PING` is needed. On a Cluster the
+//! user also needs `+cluster|slots`, which redis-rs's cluster driver already
+//! reads; the storage reads it too, for its batches (without it every decision
+//! is its own call).
 //!
 //! TLS: `rediss://` URLs work once the application enables a TLS feature of
 //! the `redis` crate (`tokio-rustls-comp` or `tokio-native-tls-comp`); for
@@ -236,8 +232,8 @@
 //!
 //! A connection's driver task runs on the tokio runtime that made it: use a
 //! storage from runtimes that keep running. One made on a runtime kept alive
-//! but no longer driven (a `block_on` that returned) times out; after a
-//! runtime ended, the next decisions connect again.
+//! but not driven (a `block_on` that returned) times out; after a runtime
+//! ended, the next decisions connect again.
 
 use std::fmt;
 use std::sync::Arc;
@@ -277,9 +273,8 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
 pub const DEFAULT_PREFIX: &str = "trt";
 
 /// GCRA state in Redis, shared by every process that uses the same server
-/// (or cluster) and prefix. See the [module documentation](self).
-///
-/// Cheap to clone; clones share one connection.
+/// (or cluster) and prefix. See the [module documentation](self). Cheap to
+/// clone; clones share one connection.
 #[derive(Clone)]
 pub struct RedisStorage {
     inner: Arc<Inner>,
