@@ -176,6 +176,7 @@ impl Charge {
     /// answered successfully declares none). `true` when the response is a
     /// gRPC answer that is the refusal of a reservation of the request for
     /// want of quota (see [`NotedRefusal::answered_by`]), which it marks.
+    #[inline]
     pub(crate) fn finish<B>(&self, response: &mut Response<B>) -> bool {
         let mut state = self.lock();
         // a gRPC answer that is a refusal of a reservation of the request
