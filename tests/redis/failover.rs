@@ -97,3 +97,118 @@ async fn decisions_follow_a_failover_to_the_new_primary() {
         }
     }
 }
+
+/// The connections the nodes of `cluster` but `skip` accepted so far.
+fn connections(cluster: &tower_rate_tier_tests::redis::RedisCluster, skip: usize) -> u64 {
+    cluster
+        .nodes()
+        .iter()
+        .enumerate()
+        .filter(|&(i, _)| i != skip)
+        .filter_map(|(_, node)| {
+            let info = node.cli(&["INFO", "stats"]);
+            let line = info
+                .lines()
+                .find_map(|l| l.strip_prefix("total_connections_received:"))?;
+            line.trim().parse::<u64>().ok()
+        })
+        .sum()
+}
+
+/// A primary that hangs (stopped, as a stalled machine is): once its
+/// replica is promoted, its users are decided again within a few seconds
+/// (the storage connects again after calls that got no answer), and the
+/// storage does not flood the cluster with connections meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decisions_follow_a_hung_primary_to_its_promoted_replica() {
+    follow_a_lost_primary("STOP").await;
+}
+
+/// A primary that dies (`kill -9`): the same, while its replica answers
+/// `READONLY` until its promotion (each answer a reason to connect again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decisions_follow_a_dead_primary_to_its_promoted_replica() {
+    follow_a_lost_primary("KILL").await;
+}
+
+/// A primary lost to `kill -<signal>` under traffic.
+async fn follow_a_lost_primary(signal: &str) {
+    let Some(cluster) = own_replicated_cluster() else {
+        return;
+    };
+    let storage = RedisStorage::cluster(cluster.urls())
+        .prefix("trt-hung")
+        .timeout(Duration::from_millis(500))
+        .deny_cache(false)
+        .connect()
+        .await
+        .expect("connect to the test cluster");
+    let tiers = RateTier::builder()
+        .tier("free", Quota::per_day(100).with_burst(100_000))
+        .storage(storage)
+        .build();
+    let users: Vec<String> = (0..24).map(|i| format!("hung-{i}")).collect();
+    for user in &users {
+        assert!(tiers.check(user, "free", 1).await.expect("decided").is_ok());
+    }
+    let nodes = cluster.nodes();
+    let primary = nodes
+        .iter()
+        .position(|node| node.cli(&["INFO", "replication"]).contains("role:master"))
+        .expect("a primary");
+    let port = nodes[primary].port().to_string();
+    let replica = nodes
+        .iter()
+        .position(|node| {
+            let info = node.cli(&["INFO", "replication"]);
+            info.contains("role:slave") && info.contains(&format!("master_port:{port}"))
+        })
+        .expect("its replica");
+    let before = connections(&cluster, primary);
+    let pid = nodes[primary].pid().expect("the primary runs").to_string();
+    let sent = std::process::Command::new("kill")
+        .args([&format!("-{signal}"), &pid])
+        .status();
+    assert!(sent.is_ok_and(|s| s.success()), "kill -{signal} {pid}");
+    let started = Instant::now();
+    // decisions go on meanwhile (those of the hung node time out)
+    while !nodes[replica]
+        .cli(&["INFO", "replication"])
+        .contains("role:master")
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the replica was never promoted"
+        );
+        for user in &users {
+            let _ = tiers.check(user, "free", 1).await;
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(8);
+    loop {
+        let mut failed = 0;
+        for user in &users {
+            failed += usize::from(tiers.check(user, "free", 1).await.is_err());
+        }
+        if failed == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{failed} of {} users still fail 8 s after the promotion",
+            users.len()
+        );
+    }
+    let made = connections(&cluster, primary) - before;
+    // The cluster connection is made again at most once a second (each
+    // time to every node, with the attempts that fail meanwhile): some 25
+    // connections a second here, where one made again on every `READONLY`
+    // made over 300 a second.
+    let bound = 50 * (started.elapsed().as_secs() + 2);
+    assert!(
+        made <= bound,
+        "{made} connections in {:?} (at most {bound})",
+        started.elapsed()
+    );
+    let _ = std::process::Command::new("kill").args(["-CONT", &pid]).status();
+}

@@ -370,6 +370,8 @@ async fn send(inner: &Arc<Inner>, batcher: &Batcher, batch: Vec<Waiting>) {
     let outcome = tokio::time::timeout(inner.timeout, call).await;
     match outcome {
         Err(_) => {
+            // a node that hangs: its replica may have taken over
+            inner.conn.met_stale_slot_map();
             for waiting in batch {
                 let _ = waiting
                     .reply
@@ -395,7 +397,7 @@ async fn send(inner: &Arc<Inner>, batcher: &Batcher, batch: Vec<Waiting>) {
             Some((replies, now)) => {
                 if nodes.is_some() && replies.iter().any(nodes::demoted) {
                     // a failover made the batch's node a replica
-                    inner.conn.met_demoted_primary();
+                    inner.conn.met_stale_slot_map();
                     if let Some(nodes) = nodes {
                         nodes.refresh(inner);
                     }

@@ -110,7 +110,11 @@ impl Inner {
             }
         };
         match tokio::time::timeout(self.timeout, call).await {
-            Err(_) => Ok(Err(timeout_error(attempt, self.timeout))),
+            Err(_) => {
+                // a node that hangs: its replica may have taken over
+                self.conn.met_stale_slot_map();
+                Ok(Err(timeout_error(attempt, self.timeout)))
+            }
             Ok(Err(Moved)) => Err(Moved),
             Ok(Ok(Err((attempt, e)))) => Ok(Err(redis_error(attempt, e))),
             Ok(Ok(Ok(value))) => Ok(Ok(value)),

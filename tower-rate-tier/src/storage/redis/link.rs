@@ -72,14 +72,12 @@ impl Conn {
     }
 
     /// After a node of a Cluster answered `READONLY` inside a reply (an
-    /// item of a batch): the connection is made again, with the slot map
-    /// as it is now (see [`ClusterLink::check`]).
-    pub(super) fn met_demoted_primary(&self) {
+    /// item of a batch), or a call got no answer in time (a node that
+    /// hangs): the connection is made again, with the slot map as it is
+    /// now, at most once a second (see [`ClusterLink::check`]).
+    pub(super) fn met_stale_slot_map(&self) {
         if let Conn::Cluster(link) = self {
-            let mut slot = link.slot();
-            if matches!(*slot, Slot::Ready { .. }) {
-                *slot = Slot::Idle;
-            }
+            link.reconnect_soon();
         }
     }
 
@@ -105,7 +103,16 @@ pub(super) struct ClusterLink {
     /// error never drops a newer connection, a stale attempt never
     /// overwrites a newer one.
     attempts: AtomicU64,
+    /// When a connection was last dropped for a slot map that may be
+    /// stale (see [`ClusterLink::reconnect_soon`]).
+    last_reset: Mutex<Option<Instant>>,
 }
+
+/// How often at most a connection is dropped for a slot map that may be
+/// stale: a replica answers `READONLY` until its promotion, and a node that
+/// hangs times out until its replica takes over; a connection made again
+/// sooner reads the same map.
+const RESET_EVERY: Duration = Duration::from_secs(1);
 
 /// What an attempt ends with: the connection and its number, or the error.
 type Outcome = Option<Result<(u64, ClusterConnection), RedisError>>;
@@ -131,6 +138,7 @@ impl ClusterLink {
             connect_timeout,
             slot: Mutex::new(Slot::Idle),
             attempts: AtomicU64::new(0),
+            last_reset: Mutex::new(None),
         }
     }
 
@@ -211,8 +219,8 @@ impl ClusterLink {
     }
 
     /// Drops connection `id` after `error` if it says the connection's driver
-    /// task is gone, or that a node it sent to is no primary any more, so
-    /// that the next call connects again.
+    /// task is gone, or that a node it sent to is no primary any more or
+    /// did not answer in time, so that the next call connects again.
     ///
     /// A node answers `READONLY` when a failover made it a replica: redis-rs
     /// puts every cluster connection in `READONLY` mode, in which a replica
@@ -220,14 +228,36 @@ impl ClusterLink {
     /// write, where it would redirect (`MOVED`) any other client. redis-rs
     /// reads the slot map again only on a redirection, so without this every
     /// decision of the failed-over slots would meet the old primary for good.
+    /// Such a connection is dropped at most once a second: a replica of a
+    /// primary that died answers `READONLY` until its promotion, and a
+    /// connection made again sooner would read the same map.
     fn check(&self, id: u64, error: &RedisError) {
         let gone = error.is_io_error() && error.to_string().contains("redis_cluster: Unable to");
-        let demoted = error.code() == Some("READONLY");
-        if gone || demoted {
+        if gone {
             let mut slot = self.slot();
             if matches!(*slot, Slot::Ready { id: current, .. } if current == id) {
                 *slot = Slot::Idle;
             }
+        } else if error.code() == Some("READONLY") || error.is_timeout() {
+            // a demoted primary, or a node that hangs (its replica may have
+            // taken over)
+            self.reconnect_soon();
+        }
+    }
+
+    /// Drops the connection for one made again with the slot map as it is
+    /// then, unless one was dropped so less than [`RESET_EVERY`] ago.
+    fn reconnect_soon(&self) {
+        {
+            let mut last = self.last_reset.lock().unwrap_or_else(PoisonError::into_inner);
+            if last.is_some_and(|at| at.elapsed() < RESET_EVERY) {
+                return;
+            }
+            *last = Some(Instant::now());
+        }
+        let mut slot = self.slot();
+        if matches!(*slot, Slot::Ready { .. }) {
+            *slot = Slot::Idle;
         }
     }
 }

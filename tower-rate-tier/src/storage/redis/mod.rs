@@ -91,8 +91,8 @@
 //! loses a charge nor counts one twice. A decision sent again after its key
 //! moved is decided after the other decisions of its batch. A node that fails
 //! fails the calls of its own queue only: the other primaries' batches go on.
-//! After a failover, a `READONLY` answer (a demoted primary) makes the
-//! storage connect again, with the new slot map. Give a
+//! A `READONLY` answer (a demoted primary) or a call with no answer in
+//! time makes it connect again (once a second at most). Give a
 //! [`Fallback`](super::Fallback) over the storage its
 //! [`failure_domain`](RedisStorage::failure_domain) (a domain per slot):
 //! only the failed node's keys are answered locally.
