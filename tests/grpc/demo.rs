@@ -32,6 +32,9 @@ pub(crate) const RESERVE: &str = "/demo.Quota/Reserve";
 /// not answer with), records 10, reserves 10 points, and answers its own
 /// RESOURCE_EXHAUSTED (an upstream's quota, say).
 pub(crate) const SWALLOW: &str = "/demo.Quota/Swallow";
+/// Reserves 60 tokens, then 60 points, and answers with the first refusal
+/// it met (the tokens').
+pub(crate) const FIRST_OF_TWO: &str = "/demo.Quota/FirstOfTwo";
 
 /// The service: both methods echo their request.
 #[derive(Debug, Clone, Default)]
@@ -82,8 +85,18 @@ where
                 usage.reserve("points", 10).await?;
                 Err::<tonic::Response<String>, _>(Status::resource_exhausted("upstream quota"))
             });
+            let first_of_two = tower::service_fn(|request: tonic::Request<String>| async move {
+                let usage = TierUsage::from_extensions(request.extensions())
+                    .ok_or_else(|| Status::internal("no limiter in front"))?;
+                let tokens = usage.reserve("tokens", 60).await;
+                let points = usage.reserve("points", 60).await;
+                tokens?;
+                points?;
+                Ok::<_, Status>(tonic::Response::new(request.into_inner()))
+            });
             Ok(match req.uri().path() {
                 CHEAP | EXPENSIVE => grpc.unary(echo, req).await,
+                FIRST_OF_TWO => grpc.unary(first_of_two, req).await,
                 RESERVE => grpc.unary(reserve, req).await,
                 SWALLOW => grpc.unary(swallow, req).await,
                 _ => Status::unimplemented("no such method").into_http(),

@@ -6,10 +6,11 @@
 use tonic::Code;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
+use tonic_types::StatusExt;
 use tower_rate_tier::clock::FakeClock;
 use tower_rate_tier::{Quota, RateTier, TierLimitLayer};
 
-use super::demo::{self, Demo, RESERVE, SWALLOW, api_key, send};
+use super::demo::{self, Demo, FIRST_OF_TWO, RESERVE, SWALLOW, api_key, send};
 use super::left;
 
 /// `outer` and `inner` stacked in front of the demo service.
@@ -80,4 +81,22 @@ async fn a_handlers_own_resource_exhausted_after_a_refusal_it_did_without_counts
             ("points".into(), 90)
         ]
     );
+}
+
+/// A handler that met two refusals and answers with the first: the call
+/// consumes nothing.
+#[tokio::test]
+async fn answering_the_first_of_two_refusals_consumes_nothing() {
+    let tiers = plan(100, true);
+    tiers.record("ada", "free", "tokens", 50).await.unwrap();
+    tiers.record("ada", "free", "points", 50).await.unwrap();
+    let before = left(&tiers, "ada").await;
+    let channel = super::demo::serve_tonic(TierLimitLayer::new(tiers.clone()).identifier_fn(api_key)).await;
+    let status = send(&channel, FIRST_OF_TWO, "ada", "free", "x".into())
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    let quota = status.get_details_quota_failure().expect("a QuotaFailure detail");
+    assert_eq!(quota.violations[0].subject, "tier:free.tokens");
+    assert_eq!(left(&tiers, "ada").await, before);
 }

@@ -59,6 +59,10 @@ impl Ledger {
 
 pub(crate) type RefundOn = dyn Fn(http::StatusCode) -> bool + Send + Sync;
 
+/// The most refusals of reservations one request's charge keeps (a handler
+/// that meets more answers with one of its last ones, if any).
+pub(super) const MAX_NOTED_REFUSALS: usize = 8;
+
 #[derive(Debug)]
 pub(crate) struct ChargeState {
     /// The units charged, by who charged them: a refund gives each part
@@ -74,11 +78,13 @@ pub(crate) struct ChargeState {
     /// among a tier's units), by who reserved them; empty, it allocates
     /// nothing.
     pub(super) reserved: Vec<(u32, Parts)>,
-    /// The last refusal of a reservation of the request that consumes
-    /// nothing (429 for want of quota, 503 for a failed storage), in any
-    /// limiter: a gRPC answer that is that refusal answers it (see
+    /// The refusals of reservations of the request that consume nothing
+    /// (429 for want of quota, 503 for a failed storage), in any limiter,
+    /// the last [`MAX_NOTED_REFUSALS`] of them: a gRPC answer that is one
+    /// of them answers it (see
     /// [`NotedRefusal::answered_by`](super::usage::NotedRefusal::answered_by)).
-    pub(super) usage_refusal: Option<super::usage::NotedRefusal>,
+    /// Empty, it allocates nothing.
+    pub(super) usage_refusals: Vec<super::usage::NotedRefusal>,
 }
 
 impl ChargeState {
@@ -96,7 +102,7 @@ impl ChargeState {
             learned,
             declared: None,
             reserved: Vec::new(),
-            usage_refusal: None,
+            usage_refusals: Vec::new(),
         }
     }
 }
@@ -183,9 +189,9 @@ impl Charge {
         // is marked one here
         #[cfg(feature = "grpc")]
         let for_quota = state
-            .usage_refusal
-            .as_ref()
-            .and_then(|noted| noted.answered_by(response))
+            .usage_refusals
+            .iter()
+            .find_map(|noted| noted.answered_by(response))
             == Some(true);
         #[cfg(not(feature = "grpc"))]
         let for_quota = false;

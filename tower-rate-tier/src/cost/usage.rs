@@ -91,7 +91,11 @@ impl Charge {
     /// Notes `refusal`, which a reservation of this request got (in this
     /// limiter or another one of the request).
     pub(crate) fn note_usage_refusal(&self, refusal: NotedRefusal) {
-        self.lock().usage_refusal = Some(refusal);
+        let noted = &mut self.lock().usage_refusals;
+        if noted.len() == super::charge::MAX_NOTED_REFUSALS {
+            noted.remove(0);
+        }
+        noted.push(refusal);
     }
 }
 
