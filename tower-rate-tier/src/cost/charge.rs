@@ -59,10 +59,6 @@ impl Ledger {
 
 pub(crate) type RefundOn = dyn Fn(http::StatusCode) -> bool + Send + Sync;
 
-/// The most refusals of reservations one request's charge keeps (a handler
-/// that meets more answers with one of its last ones, if any).
-pub(super) const MAX_NOTED_REFUSALS: usize = 8;
-
 #[derive(Debug)]
 pub(crate) struct ChargeState {
     /// The units charged, by who charged them: a refund gives each part
@@ -80,7 +76,7 @@ pub(crate) struct ChargeState {
     pub(super) reserved: Vec<(u32, Parts)>,
     /// The refusals of reservations of the request that consume nothing
     /// (429 for want of quota, 503 for a failed storage), in any limiter,
-    /// the last [`MAX_NOTED_REFUSALS`] of them: a gRPC answer that is one
+    /// the last [`MAX_NOTED_REFUSALS`](super::usage::MAX_NOTED_REFUSALS) of them: a gRPC answer that is one
     /// of them answers it (see
     /// [`NotedRefusal::answered_by`](super::usage::NotedRefusal::answered_by)).
     /// Empty, it allocates nothing.

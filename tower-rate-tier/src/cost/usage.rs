@@ -48,6 +48,10 @@ pub(crate) struct NotedRefusal {
     grpc: (tonic::Code, Bytes),
 }
 
+/// The most refusals of reservations one request's charge keeps (a handler
+/// that meets more answers with one of its last ones, if any).
+pub(super) const MAX_NOTED_REFUSALS: usize = 8;
+
 impl NotedRefusal {
     /// The refusal `response` (a 429 or 503 that consumes nothing).
     pub(crate) fn of(response: &Response<Bytes>) -> Self {
@@ -92,7 +96,7 @@ impl Charge {
     /// limiter or another one of the request).
     pub(crate) fn note_usage_refusal(&self, refusal: NotedRefusal) {
         let noted = &mut self.lock().usage_refusals;
-        if noted.len() == super::charge::MAX_NOTED_REFUSALS {
+        if noted.len() == MAX_NOTED_REFUSALS {
             noted.remove(0);
         }
         noted.push(refusal);
