@@ -783,6 +783,27 @@ async fn a_slot_refusal_waits_for_a_rate_that_refuses_too() {
             .map(String::as_str),
         Some("30")
     );
+    // the body and the fields report the band that refuses longest
+    let body = both.json();
+    assert_eq!(
+        (body["unit"].as_str(), body["limit"].as_u64()),
+        (Some("requests"), Some(2))
+    );
+    assert_eq!(both.header("x-ratelimit-limit"), Some("2"));
+    // a gRPC client reads each violation as what it is
+    let call = Request::post("/")
+        .header("x-user", "ada")
+        .header("content-type", "application/grpc")
+        .body(Body::empty())
+        .unwrap();
+    let status = tonic::Status::from_header_map(&send(&app, call).await.headers).expect("a gRPC status");
+    let failure = tonic_types::StatusExt::get_details_quota_failure(&status).expect("a QuotaFailure");
+    let described: Vec<_> = failure
+        .violations
+        .iter()
+        .map(|v| (v.subject.as_str(), v.description.contains("in flight")))
+        .collect();
+    assert_eq!(described, [("tier:free", false), ("tier:free.concurrency", true)]);
     // a unit in debt instead
     let bob = open(&app, "bob").await;
     tiers.record("bob", "free", "tokens", 150).await.unwrap();

@@ -291,9 +291,14 @@ fn to_grpc(refusal: Response<Bytes>, retry_pushback: bool, content_type: HeaderV
                 // One violation per band that refused (or for the
                 // concurrency limit), named as its `RateLimit-Policy` item
                 // (the tier's own name for a one-band tier).
+                let concurrency = policy.as_deref().map(|p| format!("{p}.concurrency"));
                 for name in violated {
                     let description = match &in_flight {
                         Some(in_flight) => in_flight.clone(),
+                        // beside a band that refused too
+                        None if concurrency.as_deref() == Some(name) => {
+                            format!("too many requests in flight for the concurrency limit of tier {tier}")
+                        }
                         None if Some(name) == policy.as_deref() => {
                             format!("the quota of tier {tier} is spent")
                         }

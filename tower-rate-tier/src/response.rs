@@ -113,8 +113,10 @@ fn insert_common(headers: &mut HeaderMap, info: Fields<'_>, which: RateLimitHead
     // an unlimited tier reports a refusal (by its concurrency limit or a
     // unit), never an admission
     if which.legacy() && (!info.allowed || !info.tier.unlimited) {
-        // a refusal by concurrency reports the concurrency limit
-        let limit = match (&tier.slots, by_slots) {
+        // a refusal by concurrency reports the concurrency limit, unless a
+        // band refused too (the refusal then reports that band)
+        let by_band = info.bands.iter().any(|band| band.retry_after_ns > 0);
+        let limit = match (&tier.slots, by_slots && !by_band) {
             (Some(item), true) => Some(&item.limit),
             _ => tier.limits.get(info.band),
         };
@@ -249,15 +251,23 @@ pub fn too_many_requests(limited: &RateLimited) -> Response<Bytes> {
         .get(limited.detail.band)
         .map(Quota::unit)
         .unwrap_or_default();
-    let unit = if limited.is_concurrency_limited() {
-        CONCURRENT_REQUESTS
-    } else {
-        reported.as_str()
-    };
-    let detail = if limited.is_concurrency_limited() {
-        "too many requests of this client in flight; retry when one of them has ended"
-    } else {
-        "rate limit exceeded; retry after the number of seconds in `retry_after`"
+    // refused for want of a slot alone, or also by a band (which it then
+    // reports, as `limit` and `remaining` do)
+    let by_band = limited.detail.bands.iter().any(|band| band.retry_after_ns > 0);
+    let (unit, detail) = match (limited.is_concurrency_limited(), by_band) {
+        (true, false) => (
+            CONCURRENT_REQUESTS,
+            "too many requests of this client in flight; retry when one of them has ended",
+        ),
+        (true, true) => (
+            reported.as_str(),
+            "rate limit exceeded, and too many requests of this client in flight; retry after the \
+             number of seconds in `retry_after`",
+        ),
+        (false, _) => (
+            reported.as_str(),
+            "rate limit exceeded; retry after the number of seconds in `retry_after`",
+        ),
     };
     quota_exceeded(
         detail,
