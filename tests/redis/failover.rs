@@ -212,3 +212,84 @@ async fn follow_a_lost_primary(signal: &str) {
     );
     let _ = std::process::Command::new("kill").args(["-CONT", &pid]).status();
 }
+
+/// The number of keys each node of `cluster` holds.
+fn key_counts(cluster: &tower_rate_tier_tests::redis::RedisCluster) -> Vec<u64> {
+    cluster
+        .nodes()
+        .iter()
+        .map(|node| node.cli(&["DBSIZE"]).trim().parse::<u64>().unwrap_or(0))
+        .collect()
+}
+
+/// A primary that hangs, before any failover: its decisions time out, and
+/// the other primaries' users are decided all along, whether the storage
+/// was given every node or only the hung one (a connection made anew after
+/// the timeouts, which waits for that node, never holds them up).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_primary_never_holds_up_the_other_primaries() {
+    let Some(cluster) = tower_rate_tier_tests::redis::own_cluster() else {
+        return;
+    };
+    let urls = cluster.urls();
+    let hung = 0;
+    let mut limiters = Vec::new();
+    for seeds in [urls.clone(), vec![urls[hung].clone()]] {
+        let storage = RedisStorage::cluster(seeds)
+            .prefix("trt-held-up")
+            .deny_cache(false)
+            .connect()
+            .await
+            .expect("connect to the test cluster");
+        let tiers = RateTier::builder()
+            .tier("free", Quota::per_day(100).with_burst(1_000_000))
+            .storage(storage)
+            .build();
+        limiters.push(tiers);
+    }
+    // users of the hung node, and of the others, by where their key lands
+    let (mut on_hung, mut elsewhere) = (Vec::new(), Vec::new());
+    for i in 0..40 {
+        let user = format!("held-up-{i}");
+        let before = key_counts(&cluster);
+        assert!(
+            limiters[0]
+                .check(&user, "free", 1)
+                .await
+                .expect("decided")
+                .is_ok()
+        );
+        let after = key_counts(&cluster);
+        match (0..3).find(|&n| after[n] > before[n]) {
+            Some(node) if node == hung => on_hung.push(user),
+            Some(_) => elsewhere.push(user),
+            None => panic!("no node took {user}'s key"),
+        }
+    }
+    assert!(!on_hung.is_empty() && !elsewhere.is_empty());
+    let pid = cluster.nodes()[hung].pid().expect("the primary runs").to_string();
+    let sent = std::process::Command::new("kill").args(["-STOP", &pid]).status();
+    assert!(sent.is_ok_and(|s| s.success()), "kill -STOP {pid}");
+    let mut failed = Vec::new();
+    // well within the cluster's node timeout (5 s): no failover
+    for tiers in &limiters {
+        let until = Instant::now() + Duration::from_millis(1_500);
+        while Instant::now() < until {
+            for user in on_hung.iter().take(2) {
+                let _ = tiers.check(user, "free", 1).await;
+            }
+            for user in &elsewhere {
+                if let Err(error) = tiers.check(user, "free", 1).await {
+                    failed.push(format!("{user}: {error}"));
+                }
+            }
+        }
+    }
+    let _ = std::process::Command::new("kill").args(["-CONT", &pid]).status();
+    assert!(
+        failed.is_empty(),
+        "{} decisions of healthy primaries failed: {:?}",
+        failed.len(),
+        &failed[..failed.len().min(3)]
+    );
+}

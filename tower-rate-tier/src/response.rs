@@ -41,8 +41,8 @@
 //! OpenAI's format, Go's `time.Duration`: `0s`, `20ms`, `1s`, `1.5s`,
 //! `6m0s`, `1h2m3.004s`, rounded up to the millisecond. On a 429 they
 //! describe the state that refused: in each group the band that refused
-//! longest, if one did. A refusal by the concurrency limit decides no band
-//! and has none of them.
+//! longest, if one did. A refusal by the concurrency limit alone has none
+//! of them; one that a band would make too has that band's.
 //!
 //! The layer adds these itself; the functions here serve your own
 //! [`on_limited`](crate::TierLimitLayer::on_limited) response or a front

@@ -251,9 +251,11 @@ impl RateTier {
     /// [`RateTier::knows_unit`]), unless they are.
     pub(crate) fn learn_units(&self, entry: &TierEntry) {
         let known = |table: &table::Table| entry.units.iter().all(|u| table.knows_unit(u.unit.as_str()));
-        if known(&self.inner.table.load()) {
+        let table = self.inner.table.load();
+        if known(&table) || !table.learns_units() {
             return;
         }
+        drop(table);
         self.inner.table.rcu(|table| match known(table) {
             true => table::Table::clone(table),
             false => table.knowing_units_of(entry),

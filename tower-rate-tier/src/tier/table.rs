@@ -139,6 +139,12 @@ impl Table {
         next
     }
 
+    /// Whether the table learns more units of customers' own quotas (it
+    /// knows fewer than [`MAX_KNOWN_UNITS`]).
+    pub(crate) fn learns_units(&self) -> bool {
+        self.units.len() < MAX_KNOWN_UNITS
+    }
+
     /// Whether a tier of this table or of an earlier version counts or
     /// counted the unit `unit`.
     pub(crate) fn knows_unit(&self, unit: &str) -> bool {

@@ -73,8 +73,9 @@ impl Conn {
 
     /// After a node of a Cluster answered `READONLY` inside a reply (an
     /// item of a batch), or a call got no answer in time (a node that
-    /// hangs): the connection is made again, with the slot map as it is
-    /// now, at most once a second (see [`ClusterLink::check`]).
+    /// hangs): a connection is made anew, with the slot map as it is now,
+    /// at most once a second, and takes the place of this one once made
+    /// (see [`ClusterLink::reconnect_soon`]).
     pub(super) fn met_stale_slot_map(&self) {
         if let Conn::Cluster(link) = self {
             link.reconnect_soon();
@@ -103,12 +104,12 @@ pub(super) struct ClusterLink {
     /// error never drops a newer connection, a stale attempt never
     /// overwrites a newer one.
     attempts: AtomicU64,
-    /// When a connection was last dropped for a slot map that may be
+    /// When a connection was last made anew for a slot map that may be
     /// stale (see [`ClusterLink::reconnect_soon`]).
     last_reset: Mutex<Option<Instant>>,
 }
 
-/// How often at most a connection is dropped for a slot map that may be
+/// How often at most a connection is made anew for a slot map that may be
 /// stale: a replica answers `READONLY` until its promotion, and a node that
 /// hangs times out until its replica takes over; a connection made again
 /// sooner reads the same map.
@@ -228,10 +229,10 @@ impl ClusterLink {
     /// write, where it would redirect (`MOVED`) any other client. redis-rs
     /// reads the slot map again only on a redirection, so without this every
     /// decision of the failed-over slots would meet the old primary for good.
-    /// Such a connection is dropped at most once a second: a replica of a
+    /// Such a connection is replaced at most once a second: a replica of a
     /// primary that died answers `READONLY` until its promotion, and a
     /// connection made again sooner would read the same map.
-    fn check(&self, id: u64, error: &RedisError) {
+    fn check(self: &Arc<Self>, id: u64, error: &RedisError) {
         let gone = error.is_io_error() && error.to_string().contains("redis_cluster: Unable to");
         if gone {
             let mut slot = self.slot();
@@ -245,9 +246,12 @@ impl ClusterLink {
         }
     }
 
-    /// Drops the connection for one made again with the slot map as it is
-    /// then, unless one was dropped so less than [`RESET_EVERY`] ago.
-    fn reconnect_soon(&self) {
+    /// Makes a connection anew, with the slot map as it is then, in a task
+    /// of its own, and puts it in place of the one in use once it is made:
+    /// decisions go on on the one in use meanwhile (a node that hangs never
+    /// holds up the others' decisions), and one that cannot be made (its
+    /// seeds out of reach) leaves it. At most once every [`RESET_EVERY`].
+    fn reconnect_soon(self: &Arc<Self>) {
         {
             let mut last = self.last_reset.lock().unwrap_or_else(PoisonError::into_inner);
             if last.is_some_and(|at| at.elapsed() < RESET_EVERY) {
@@ -255,9 +259,28 @@ impl ClusterLink {
             }
             *last = Some(Instant::now());
         }
-        let mut slot = self.slot();
-        if matches!(*slot, Slot::Ready { .. }) {
-            *slot = Slot::Idle;
-        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let link = Arc::downgrade(self);
+        runtime.spawn(async move {
+            let Some((client, timeout)) = link.upgrade().map(|l| (l.client.clone(), l.connect_timeout))
+            else {
+                return;
+            };
+            let Ok(Ok(conn)) = tokio::time::timeout(timeout, client.get_async_connection()).await else {
+                return;
+            };
+            let Some(link) = link.upgrade() else {
+                return;
+            };
+            let id = link.attempts.fetch_add(1, Ordering::Relaxed);
+            let mut slot = link.slot();
+            // in place of the connection in use (an attempt under way makes
+            // its own)
+            if matches!(*slot, Slot::Ready { .. }) {
+                *slot = Slot::Ready { id, conn };
+            }
+        });
     }
 }
