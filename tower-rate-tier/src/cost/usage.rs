@@ -95,11 +95,10 @@ impl Charge {
     /// Notes `refusal`, which a reservation of this request got (in this
     /// limiter or another one of the request).
     pub(crate) fn note_usage_refusal(&self, refusal: NotedRefusal) {
-        let noted = &mut self.lock().usage_refusals;
-        if noted.len() == MAX_NOTED_REFUSALS {
-            noted.remove(0);
-        }
-        noted.push(refusal);
+        let mut state = self.lock();
+        let kept = state.usage_refusals.take().map(Vec::from).unwrap_or_default();
+        let dropped = (kept.len() + 1).saturating_sub(MAX_NOTED_REFUSALS);
+        state.usage_refusals = Some(kept.into_iter().skip(dropped).chain([refusal]).collect());
     }
 }
 

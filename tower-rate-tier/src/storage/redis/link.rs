@@ -220,8 +220,10 @@ impl ClusterLink {
     }
 
     /// Drops connection `id` after `error` if it says the connection's driver
-    /// task is gone, or that a node it sent to is no primary any more or
-    /// did not answer in time, so that the next call connects again.
+    /// task is gone, so that the next call connects again; makes one anew
+    /// in the background if it says that a node it sent to is no primary
+    /// any more or did not answer in time (see
+    /// [`ClusterLink::reconnect_soon`]).
     ///
     /// A node answers `READONLY` when a failover made it a replica: redis-rs
     /// puts every cluster connection in `READONLY` mode, in which a replica
@@ -252,6 +254,9 @@ impl ClusterLink {
     /// holds up the others' decisions), and one that cannot be made (its
     /// seeds out of reach) leaves it. At most once every [`RESET_EVERY`].
     fn reconnect_soon(self: &Arc<Self>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
         {
             let mut last = self.last_reset.lock().unwrap_or_else(PoisonError::into_inner);
             if last.is_some_and(|at| at.elapsed() < RESET_EVERY) {
@@ -259,9 +264,8 @@ impl ClusterLink {
             }
             *last = Some(Instant::now());
         }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
+        // numbered now: it never takes the place of a connection made after
+        let id = self.attempts.fetch_add(1, Ordering::Relaxed);
         let link = Arc::downgrade(self);
         runtime.spawn(async move {
             let Some((client, timeout)) = link.upgrade().map(|l| (l.client.clone(), l.connect_timeout))
@@ -274,11 +278,10 @@ impl ClusterLink {
             let Some(link) = link.upgrade() else {
                 return;
             };
-            let id = link.attempts.fetch_add(1, Ordering::Relaxed);
             let mut slot = link.slot();
-            // in place of the connection in use (an attempt under way makes
-            // its own)
-            if matches!(*slot, Slot::Ready { .. }) {
+            // in place of an older connection, or of none (an attempt under
+            // way then finds itself replaced, and leaves this one in place)
+            if !matches!(*slot, Slot::Ready { id: current, .. } if current > id) {
                 *slot = Slot::Ready { id, conn };
             }
         });
