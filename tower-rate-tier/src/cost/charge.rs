@@ -82,7 +82,7 @@ pub(crate) struct ChargeState {
     /// Boxed, as the rare case: a charge that has none is a pointer larger
     /// (a charge is moved whole into its `Arc`; a `Vec` here cost an
     /// admitted request 46 instructions of copying).
-    pub(super) usage_refusals: Option<Box<[super::usage::NotedRefusal]>>,
+    pub(super) usage_refusals: Option<Box<super::usage::NotedRefusals>>,
 }
 
 impl ChargeState {
@@ -189,7 +189,7 @@ impl Charge {
         let for_quota = state
             .usage_refusals
             .iter()
-            .flat_map(|noted| noted.iter())
+            .flat_map(|noted| noted.0.iter())
             .find_map(|noted| noted.answered_by(response))
             == Some(true);
         #[cfg(not(feature = "grpc"))]

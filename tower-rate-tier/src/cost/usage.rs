@@ -48,6 +48,11 @@ pub(crate) struct NotedRefusal {
     grpc: (tonic::Code, Bytes),
 }
 
+/// The refusals a request's reservations got, oldest first, at most
+/// [`MAX_NOTED_REFUSALS`] (boxed in a charge: a thin pointer).
+#[derive(Debug, Default)]
+pub(crate) struct NotedRefusals(pub(super) Vec<NotedRefusal>);
+
 /// The most refusals of reservations one request's charge keeps (a handler
 /// that meets more answers with one of its last ones, if any).
 pub(super) const MAX_NOTED_REFUSALS: usize = 8;
@@ -96,9 +101,11 @@ impl Charge {
     /// limiter or another one of the request).
     pub(crate) fn note_usage_refusal(&self, refusal: NotedRefusal) {
         let mut state = self.lock();
-        let kept = state.usage_refusals.take().map(Vec::from).unwrap_or_default();
-        let dropped = (kept.len() + 1).saturating_sub(MAX_NOTED_REFUSALS);
-        state.usage_refusals = Some(kept.into_iter().skip(dropped).chain([refusal]).collect());
+        let noted = &mut state.usage_refusals.get_or_insert_default().0;
+        if noted.len() == MAX_NOTED_REFUSALS {
+            noted.remove(0);
+        }
+        noted.push(refusal);
     }
 }
 
