@@ -102,7 +102,9 @@ pub use crate::problem::QUOTA_EXCEEDED;
 use crate::problem::quota_exceeded;
 use crate::quota::Quota;
 use crate::storage::{BandState, Decision, SlotState};
-use crate::tier::{Detail, RateLimitInfo, RateLimited, Reported, TierEntry, reset_at_unix_secs};
+use crate::tier::{
+    Detail, RateLimitInfo, RateLimited, Reported, TierEntry, a_band_refuses, reset_at_unix_secs,
+};
 
 fn insert_common(headers: &mut HeaderMap, info: Fields<'_>, which: RateLimitHeaders) {
     let tier = &info.tier.headers;
@@ -115,8 +117,7 @@ fn insert_common(headers: &mut HeaderMap, info: Fields<'_>, which: RateLimitHead
     if which.legacy() && (!info.allowed || !info.tier.unlimited) {
         // a refusal by concurrency reports the concurrency limit, unless a
         // band refused too (the refusal then reports that band)
-        let by_band = info.bands.iter().any(|band| band.retry_after_ns > 0);
-        let limit = match (&tier.slots, by_slots && !by_band) {
+        let limit = match (&tier.slots, by_slots && !a_band_refuses(info.bands)) {
             (Some(item), true) => Some(&item.limit),
             _ => tier.limits.get(info.band),
         };
@@ -253,7 +254,7 @@ pub fn too_many_requests(limited: &RateLimited) -> Response<Bytes> {
         .unwrap_or_default();
     // refused for want of a slot alone, or also by a band (which it then
     // reports, as `limit` and `remaining` do)
-    let by_band = limited.detail.bands.iter().any(|band| band.retry_after_ns > 0);
+    let by_band = a_band_refuses(&limited.detail.bands);
     let (unit, detail) = match (limited.is_concurrency_limited(), by_band) {
         (true, false) => (
             CONCURRENT_REQUESTS,

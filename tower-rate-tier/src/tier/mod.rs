@@ -60,7 +60,7 @@ mod user;
 pub use builder::{BuildError, DEFAULT_CONCURRENCY_LEASE, RateTierBuilder};
 pub use name::{IntoTierName, ParseTierError, TierTable};
 pub use outcome::{CheckError, CheckResult, MAX_USER_ID_LEN, RateLimitInfo, RateLimited};
-pub(crate) use outcome::{Detail, Reported, outcome, refund_requests, reset_at_unix_secs};
+pub(crate) use outcome::{Detail, Reported, a_band_refuses, outcome, refund_requests, reset_at_unix_secs};
 pub use units::MAX_REQUEST_BANDS;
 pub(crate) use units::{UnitBands, UnitQuotas};
 pub(crate) use usage::{forgiven, moves_nothing, settlement};

@@ -349,6 +349,11 @@ pub(crate) fn outcome(tier: &Arc<TierEntry>, d: Decision) -> Result<RateLimitInf
     }
 }
 
+/// Whether a band of a decision refused it (it reports a wait).
+pub(crate) fn a_band_refuses(bands: &[BandState]) -> bool {
+    bands.iter().any(|band| band.retry_after_ns > 0)
+}
+
 /// A refusal for want of a free slot: `Retry-After: 1` (a slot comes free
 /// when a request ends, which no clock tells), the concurrency limit as the
 /// reported limit; or, when a band of the decision would refuse too (the
@@ -357,7 +362,7 @@ pub(crate) fn outcome(tier: &Arc<TierEntry>, d: Decision) -> Result<RateLimitInf
 #[cold]
 fn concurrency_limited(tier: &Arc<TierEntry>, d: Decision, slots: SlotState) -> RateLimited {
     let second = Duration::from_secs(1);
-    let refusing = d.bands.iter().any(|band| band.retry_after_ns > 0);
+    let refusing = a_band_refuses(&d.bands);
     let (limit, remaining, retry_after, reset_after, band) = if refusing {
         let Reported { band, limit, state } = Reported::of(tier, &d);
         let retry = Duration::from_nanos(state.retry_after_ns).max(second);

@@ -200,11 +200,7 @@ fn slot_ranges(reply: &Value) -> Option<Vec<(u16, u16, String)>> {
 /// decision's key (its slot moved, is moving without the key here, or is
 /// served by no one): Redis's errors for a script that reaches such a key.
 pub(super) fn relocated(reply: &Value) -> bool {
-    let text = match reply {
-        Value::BulkString(bytes) => std::str::from_utf8(bytes).unwrap_or(""),
-        Value::SimpleString(text) => text,
-        _ => return false,
-    };
+    let text = error_text(reply);
     ["non local key", "during rehashing of the slot", "slot not served"]
         .iter()
         .any(|needle| text.contains(needle))
@@ -213,12 +209,17 @@ pub(super) fn relocated(reply: &Value) -> bool {
 /// Whether an item of a batch's reply is a `READONLY` error: the node the
 /// batch went to is a replica now (see `ClusterLink::check`).
 pub(super) fn demoted(reply: &Value) -> bool {
-    let text = match reply {
+    error_text(reply).starts_with("READONLY")
+}
+
+/// The text of an item of a batch's reply that is an error (a string), or
+/// `""`.
+fn error_text(reply: &Value) -> &str {
+    match reply {
         Value::BulkString(bytes) => std::str::from_utf8(bytes).unwrap_or(""),
         Value::SimpleString(text) => text,
-        _ => return false,
-    };
-    text.starts_with("READONLY")
+        _ => "",
+    }
 }
 
 /// The server could not take the batch script: it does not read the
