@@ -296,6 +296,21 @@ async fn a_tier_without_a_unit_another_tier_counts_serves_its_handlers() {
     assert_eq!(typo.json()["unit"], "tokenz");
 }
 
+/// `routes()` behind a limiter of `tiers` whose user `acme` has a contract
+/// counting 1,000 tokens a minute; the others are on the tier `pro`.
+fn with_a_token_contract(tiers: &RateTier) -> Router {
+    routes().layer(
+        TierLimitLayer::new(tiers.clone()).identifier_fn(|headers: &http::HeaderMap| {
+            let user = headers.get("x-user")?.to_str().ok()?;
+            let identity = tower_rate_tier::TierIdentity::new(user, "pro");
+            Some(match user {
+                "acme" => identity.with_unit_quotas("tokens", Quota::per_minute(1_000)),
+                _ => identity,
+            })
+        }),
+    )
+}
+
 /// A unit that only a customer's own quotas count (a tier without it):
 /// once such a customer was seen, the tier's other users' reservations of
 /// it take nothing; a typo is still a 500.
@@ -306,16 +321,7 @@ async fn a_unit_only_a_contract_counts_is_no_typo_for_the_tiers_other_users() {
         .default_tier("pro")
         .clock(FakeClock::new())
         .build();
-    let app = routes().layer(TierLimitLayer::new(tiers.clone()).identifier_fn(
-        |headers: &http::HeaderMap| {
-            let user = headers.get("x-user")?.to_str().ok()?;
-            let identity = tower_rate_tier::TierIdentity::new(user, "pro");
-            Some(match user {
-                "acme" => identity.with_unit_quotas("tokens", Quota::per_minute(1_000)),
-                _ => identity,
-            })
-        },
-    ));
+    let app = with_a_token_contract(&tiers);
     let acme = send(&app, get_as("acme", "/complete?reserve=800&use=300")).await;
     assert_eq!(acme.status, StatusCode::OK);
     let bob = send(&app, get_as("bob", "/complete?reserve=5000&use=3000")).await;
@@ -327,6 +333,35 @@ async fn a_unit_only_a_contract_counts_is_no_typo_for_the_tiers_other_users() {
     // acme's own tokens were counted: 700 left, 800 do not fit
     let again = send(&app, get_as("acme", "/complete?reserve=800")).await;
     assert_eq!(again.status, StatusCode::TOO_MANY_REQUESTS);
+}
+
+/// The same unit named by the builder (`contract_unit`): known before any
+/// such customer is seen.
+#[tokio::test]
+async fn a_contract_unit_named_in_the_builder_is_known_before_any_customer_counts_it() {
+    let tiers = RateTier::builder()
+        .tier("pro", Quota::per_minute(100))
+        .contract_unit("tokens")
+        .default_tier("pro")
+        .clock(FakeClock::new())
+        .build();
+    let app = with_a_token_contract(&tiers);
+    // bob comes first (a restart, say): his plan counts no tokens
+    let bob = send(&app, get_as("bob", "/complete?reserve=5000&use=3000")).await;
+    assert_eq!(bob.status, StatusCode::OK, "{:?}", bob.json());
+    assert_eq!(
+        send(&app, get_as("bob", "/typo")).await.status,
+        StatusCode::INTERNAL_SERVER_ERROR
+    );
+    // acme's contract counts them
+    let acme = send(&app, get_as("acme", "/complete?reserve=800&use=300")).await;
+    assert_eq!(acme.status, StatusCode::OK);
+    let again = send(&app, get_as("acme", "/complete?reserve=800")).await;
+    assert_eq!(again.status, StatusCode::TOO_MANY_REQUESTS);
+    // and it stays known through a change at run time
+    tiers.set_tier("pro", Quota::per_minute(200)).unwrap();
+    let bob = send(&app, get_as("bob", "/complete?reserve=5000&use=3000")).await;
+    assert_eq!(bob.status, StatusCode::OK, "{:?}", bob.json());
 }
 
 #[tokio::test]

@@ -195,7 +195,12 @@ impl std::error::Error for TierRefusal {}
 /// No limiter in front of the handler counts `unit`: a 500 that names it.
 fn unknown_unit(unit: &str) -> Response<Bytes> {
     let unit = crate::refusal::shown(unit);
-    tracing::error!(target: "tower_rate_tier", unit, "usage of a unit no limiter in front of this handler counts: refused with 500");
+    tracing::error!(
+        target: "tower_rate_tier",
+        unit,
+        "usage of a unit no limiter in front of this handler counts: refused with 500 (a unit only \
+         customers' own quotas count is named with `RateTierBuilder::contract_unit`)"
+    );
     crate::problem::problem(
         StatusCode::INTERNAL_SERVER_ERROR,
         "no rate limiter in front of this handler counts this unit",

@@ -13,7 +13,7 @@ use super::units::{MAX_REQUEST_BANDS, UnitSpecs};
 use super::{Config, IntoTierName, RateTier, TierEntry, TierTable};
 use crate::clock::{Clock, SystemClock};
 use crate::policy::OnMissing;
-use crate::quota::{IntoQuotas, Quota, UnitError};
+use crate::quota::{IntoQuotas, Quota, Unit, UnitError};
 use crate::storage::{MAX_BANDS, MemoryStorage, Storage};
 
 /// Why [`RateTierBuilder::try_build`] refused a configuration.
@@ -62,6 +62,9 @@ pub enum BuildError {
     /// ([`Quota::in_unit`]): a unit's bands are given with
     /// [`RateTierBuilder::tier_unit`].
     UnitInRequestBands(String, String),
+    /// A unit given to [`RateTierBuilder::contract_unit`] has a name that
+    /// is not valid or is reserved.
+    InvalidContractUnit(UnitError),
 }
 
 impl fmt::Display for BuildError {
@@ -82,6 +85,7 @@ impl fmt::Display for BuildError {
                 write!(f, "the tier `{t}` given a unit is not a configured tier")
             }
             BuildError::InvalidUnit { tier, error } => write!(f, "tier `{tier}`: {error}"),
+            BuildError::InvalidContractUnit(error) => write!(f, "a contract unit: {error}"),
             BuildError::InvalidUnitBands(t, u) => write!(
                 f,
                 "the unit `{u}` of tier `{t}` needs at least one limited band (`Quota::unlimited()` is not one)"
@@ -131,6 +135,7 @@ pub struct RateTierBuilder {
     shadowed: Vec<Cow<'static, str>>,
     concurrency: Vec<(Cow<'static, str>, u32)>,
     units: UnitSpecs,
+    contract_units: Vec<String>,
     lease: Option<Duration>,
 }
 
@@ -267,6 +272,32 @@ impl RateTierBuilder {
         self
     }
 
+    /// Makes `unit` known although no tier counts it: a unit that only
+    /// customers' own quotas count
+    /// ([`TierIdentity::with_unit_quotas`](crate::TierIdentity::with_unit_quotas)).
+    ///
+    /// A handler's reservation or record of a unit its request's tier does
+    /// not count takes nothing when the unit is known, and is the 500 of a
+    /// typo when it is not. A unit a tier counts (or counted, before a
+    /// change at run time) is known; so is a unit of a customer's own
+    /// quotas from that customer's first request on. Name a unit here to
+    /// have it known from the start, so that the tier's other users are
+    /// served before any such customer is seen (after a restart, say).
+    /// An invalid or reserved name is a build error.
+    ///
+    /// ```
+    /// use tower_rate_tier::{BuildError, Quota, RateTier};
+    ///
+    /// let tiers = RateTier::builder().tier("pro", Quota::per_minute(100)).contract_unit("tokens").try_build();
+    /// assert!(tiers.is_ok());
+    /// let reserved = RateTier::builder().tier("pro", Quota::per_minute(100)).contract_unit("requests").try_build();
+    /// assert!(matches!(reserved.unwrap_err(), BuildError::InvalidContractUnit(_)));
+    /// ```
+    pub fn contract_unit(mut self, unit: &str) -> Self {
+        self.contract_units.push(unit.to_owned());
+        self
+    }
+
     /// How long a slot of a concurrency limit counts as in use when it is
     /// not given back (default [`DEFAULT_CONCURRENCY_LEASE`], 2 minutes; at
     /// least 1 ms). A request normally gives its slot back when its response
@@ -341,7 +372,11 @@ impl RateTierBuilder {
         {
             return Err(BuildError::UnknownShadowTier(name.to_string()));
         }
-        let table = Table::new(tiers, self.default_tier.as_deref())?;
+        let mut table = Table::new(tiers, self.default_tier.as_deref())?;
+        for unit in &self.contract_units {
+            let unit = Unit::new(unit).map_err(BuildError::InvalidContractUnit)?;
+            table.know_unit(unit.as_str());
+        }
         let clock: Arc<dyn Clock> = self.clock.unwrap_or_else(|| Arc::new(SystemClock));
         // Calibrates the process clock now rather than on the first request.
         let _ = clock.now();

@@ -139,6 +139,15 @@ impl Table {
         next
     }
 
+    /// Makes the unit `unit` known (a unit only customers' own quotas
+    /// count, named by the configuration), whatever the bound on learned
+    /// ones.
+    pub(crate) fn know_unit(&mut self, unit: &str) {
+        if !self.knows_unit(unit) {
+            self.units = self.units.iter().cloned().chain([Box::from(unit)]).collect();
+        }
+    }
+
     /// Whether the table learns more units of customers' own quotas (it
     /// knows fewer than [`MAX_KNOWN_UNITS`]).
     pub(crate) fn learns_units(&self) -> bool {
