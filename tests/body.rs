@@ -41,6 +41,10 @@ impl TierIdentifier for BodyKeys {
 }
 
 fn app(ids: BodyKeys, inner_calls: Arc<AtomicUsize>) -> Router {
+    app_with_limit(ids, inner_calls, 1024)
+}
+
+fn app_with_limit(ids: BodyKeys, inner_calls: Arc<AtomicUsize>, max_body_size: usize) -> Router {
     let tiers = RateTier::builder()
         .tier("free", Quota::per_minute(2))
         .tier("pro", Quota::per_minute(100))
@@ -58,7 +62,7 @@ fn app(ids: BodyKeys, inner_calls: Arc<AtomicUsize>) -> Router {
             TierLimitLayer::new(tiers)
                 .identifier(ids)
                 .buffer_body(true)
-                .max_body_size(1024)
+                .max_body_size(max_body_size)
                 .body_timeout(Duration::from_millis(200)),
         )
 }
@@ -235,4 +239,33 @@ async fn a_body_of_endless_empty_frames_meets_its_deadline() {
     let (status, _, _) = send(&app, Body::new(EmptyFrames)).await;
     assert_eq!(status, StatusCode::REQUEST_TIMEOUT);
     assert_eq!(inner.load(Ordering::SeqCst), 0);
+}
+
+/// A client's declared length is no allocation: a body that says it holds
+/// a petabyte (an exact size hint, as hyper gives from `Content-Length`)
+/// and sends a few bytes, under a limit meant as "no limit", is read as
+/// what it sends (the process aborted on the allocation before).
+#[tokio::test]
+async fn a_declared_length_far_above_what_is_sent_reserves_nothing_of_it() {
+    struct Declared(Option<Bytes>);
+    impl http_body::Body for Declared {
+        type Data = Bytes;
+        type Error = std::io::Error;
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+            Poll::Ready(self.0.take().map(|chunk| Ok(Frame::data(chunk))))
+        }
+        fn size_hint(&self) -> http_body::SizeHint {
+            http_body::SizeHint::with_exact(1 << 50)
+        }
+    }
+    let (ids, inner) = (BodyKeys::default(), Arc::new(AtomicUsize::new(0)));
+    let app = app_with_limit(ids, inner.clone(), usize::MAX);
+    let payload = r#"{"api_key":"free_ada"}"#;
+    let (status, _, echoed) = send(&app, Body::new(Declared(Some(Bytes::from(payload))))).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(echoed, Bytes::from(payload));
+    assert_eq!(inner.load(Ordering::SeqCst), 1);
 }

@@ -7,7 +7,8 @@
 //! within [`body_timeout`](BufferedTierLimitLayer::body_timeout), default
 //! 10 s), hands it to
 //! [`TierIdentifier::identify_with_body`](crate::TierIdentifier::identify_with_body),
-//! and passes it on intact to the inner service. The request body type must
+//! and passes its data on intact to the inner service (its trailers are
+//! dropped: the body is rebuilt from its bytes). The request body type must
 //! be buildable from [`Bytes`] (axum's `Body` is; hyper's `Incoming` is not:
 //! map it to a `Full<Bytes>` or axum `Body` first).
 //!
@@ -114,6 +115,9 @@ pub struct BufferedTierLimitLayer {
 
 impl BufferedTierLimitLayer {
     /// The largest body buffered (default 64 KiB); larger bodies get 413.
+    /// The buffer grows as the body's data arrives: a client that declares
+    /// a large `Content-Length` and sends less holds at most 64 KiB before
+    /// its data, whatever this limit.
     pub fn max_body_size(mut self, bytes: usize) -> Self {
         self.layer.configure().body.max = bytes;
         self
@@ -280,6 +284,10 @@ where
     }
 }
 
+/// The most a body's buffer takes before its data arrives (it grows as
+/// the data comes, up to the limit).
+const PREALLOCATED_MAX: u64 = 64 * 1024;
+
 /// Why a body was not read.
 enum Unread {
     /// It holds more than the limit.
@@ -294,10 +302,17 @@ enum Unread {
 /// would share). Trailers are dropped. Each frame spends a unit of the
 /// task's tokio budget, so that a body always ready with frames that add
 /// nothing (empty data, trailers) still yields, and the read's deadline
-/// is checked.
+/// is checked. The length the client declares is trusted for at most
+/// [`PREALLOCATED_MAX`] bytes up front: a request that declares a large
+/// body and sends none holds no more than that.
 async fn read_body<B: HttpBody>(body: B, max: usize) -> Result<Bytes, Unread> {
     let mut body = std::pin::pin!(body);
-    let hint = body.size_hint().exact().unwrap_or(0).min(max as u64);
+    let hint = body
+        .size_hint()
+        .exact()
+        .unwrap_or(0)
+        .min(max as u64)
+        .min(PREALLOCATED_MAX);
     let mut out = BytesMut::with_capacity(usize::try_from(hint).unwrap_or(0));
     loop {
         tokio::task::coop::consume_budget().await;
