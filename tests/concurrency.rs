@@ -822,3 +822,29 @@ async fn a_slot_refusal_waits_for_a_rate_that_refuses_too() {
     assert_eq!(send(&app, get_as("ada", "/")).await.status, StatusCode::OK);
     assert_eq!(send(&app, get_as("ada", "/")).await.status, StatusCode::OK);
 }
+
+/// A route priced 0 up front (a health check, `cost_fn`) is exempt from
+/// every limit: a user holding all its slots still reaches it, and it takes
+/// none (it was refused 429 for want of a slot, and held one while it ran).
+#[tokio::test]
+async fn a_route_priced_0_is_reached_with_every_slot_taken_and_takes_none() {
+    let tiers = tiers(Quota::per_minute(20), 2);
+    let app = routes().layer(
+        TierLimitLayer::new(tiers)
+            .identifier_fn(header_identity)
+            .cost_fn(|parts| (parts.uri.path() == "/").then_some(0)),
+    );
+    let held = [open(&app, "ada").await, open(&app, "ada").await];
+    assert!(held.iter().all(|r| r.status() == StatusCode::OK));
+    assert_eq!(
+        send(&app, get_as("ada", "/stream")).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // the health check passes, and a held one holds no slot
+    let health = app.clone().oneshot(get_as("ada", "/")).await.unwrap();
+    assert_eq!(health.status(), StatusCode::OK);
+    drop(held);
+    let streams = [open(&app, "ada").await, open(&app, "ada").await];
+    assert!(streams.iter().all(|r| r.status() == StatusCode::OK));
+    drop(health);
+}

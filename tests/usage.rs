@@ -296,6 +296,28 @@ async fn a_tier_without_a_unit_another_tier_counts_serves_its_handlers() {
     assert_eq!(typo.json()["unit"], "tokenz");
 }
 
+/// A route priced 0 up front (a health check, `cost_fn`) is exempt from
+/// every limit: a unit in debt refuses the user's other requests, not it.
+#[tokio::test]
+async fn a_route_priced_0_is_reached_with_a_unit_in_debt() {
+    let clock = FakeClock::new();
+    let tiers = tiers(&clock);
+    let app = routes().layer(
+        TierLimitLayer::new(tiers.clone())
+            .identifier_fn(header_identity)
+            .cost_fn(|parts| (parts.uri.path() == "/empty").then_some(0)),
+    );
+    tiers.record("ada", "free", "tokens", 1_500).await.unwrap();
+    assert_eq!(
+        send(&app, get_as("ada", "/complete")).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        send(&app, get_as("ada", "/empty")).await.status,
+        StatusCode::NO_CONTENT
+    );
+}
+
 /// `routes()` behind a limiter of `tiers` whose user `acme` has a contract
 /// counting 1,000 tokens a minute; the others are on the tier `pro`.
 fn with_a_token_contract(tiers: &RateTier) -> Router {

@@ -151,7 +151,7 @@ pub(crate) fn decide(config: &LayerConfig, bill: &Bill) -> Decided {
 /// What gives back the slot a bill's decision took for a request gone
 /// before the answer: `None` for a tier without a concurrency limit.
 fn releaser(config: &LayerConfig, bill: &Bill) -> Option<Release> {
-    bill.tier.concurrency?;
+    bill.tier.concurrency.filter(|_| bill.cost > 0)?;
     let (tiers, user, tier) = (config.ledger.tiers.clone(), bill.user.clone(), bill.tier.clone());
     Some(Box::new(move |lease| tiers.release(user.id(), &tier, lease)))
 }
@@ -224,7 +224,9 @@ pub(crate) fn admission(
         Answer::Failed(error) => Err(error),
     };
     let result = match result {
-        Ok(Ok(decision)) if tier.concurrency.is_some() && decision.slots.and_then(|s| s.lease).is_none() => {
+        Ok(Ok(decision))
+            if tier.concurrency.is_some() && cost > 0 && decision.slots.and_then(|s| s.lease).is_none() =>
+        {
             Err(CheckError::Storage(StorageError::new(
                 StorageErrorKind::Other,
                 "the storage admitted a request of a tier with a concurrency limit without taking a slot: \
