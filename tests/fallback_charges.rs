@@ -18,6 +18,8 @@ use tower_rate_tier::{Quota, RateTier, TierIdentity, TierLimitLayer, TierRefusal
 use tower_rate_tier_tests::flaky::Flaky;
 use tower_rate_tier_tests::reply::send;
 
+#[path = "fallback_charges/local_state.rs"]
+mod local_state;
 #[path = "fallback_charges/wrappers.rs"]
 mod wrappers;
 

@@ -17,14 +17,18 @@ use tower_rate_tier_tests::reply::{header_identity, send};
 
 /// A primary that is down (Redis refusing connections answers the same:
 /// `StorageErrorKind::Unavailable`, at once).
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct Down {
-    calls: AtomicU32,
+    calls: Arc<AtomicU32>,
+    releases: Arc<AtomicU32>,
 }
 
 impl Storage for Down {
-    fn decide(&self, _: StorageKey<'_>, _: &[Quota], _: Op, _: &Arc<dyn Clock>) -> Decide {
+    fn decide(&self, _: StorageKey<'_>, _: &[Quota], op: Op, _: &Arc<dyn Clock>) -> Decide {
         self.calls.fetch_add(1, Ordering::Relaxed);
+        if let Op::Release(_) = op {
+            self.releases.fetch_add(1, Ordering::Relaxed);
+        }
         Decide::ready(Err(StorageError::new(StorageErrorKind::Unavailable, "down")))
     }
 }
@@ -219,4 +223,50 @@ async fn a_local_release_frees_no_primary_slot_someone_holds() {
         "B's stream is still open on the primary (limit 1), yet C was admitted"
     );
     drop(b);
+}
+
+/// While the fallback answers locally, a slot the local limiter gave goes
+/// back there alone: the primary, which never gave it, is not asked (each
+/// release was a call to a primary that is down: against a hung Redis, a
+/// task waiting out the timeout per request, and a burst of releases when
+/// it recovers).
+#[tokio::test]
+async fn a_slot_given_locally_is_not_given_back_to_the_primary() {
+    let primary = Down::default();
+    let tiers = RateTier::builder()
+        .tier("free", Quota::per_minute(100))
+        .tier_concurrency("free", 2)
+        .clock(FakeClock::new())
+        .storage(Fallback::builder(primary.clone()).failures_to_switch(1).build())
+        .build();
+    let app = app(tiers);
+    for _ in 0..10 {
+        assert_eq!(send(&app, get_as("ada", "/")).await.status, StatusCode::OK);
+    }
+    assert_eq!(primary.releases.load(Ordering::Relaxed), 0);
+}
+
+/// A refusal for want of a slot answered locally (2 instances: a share of
+/// 2 of the limit of 4) names the configured limit in its body as in its
+/// fields.
+#[tokio::test]
+async fn a_local_slot_refusal_names_the_configured_limit() {
+    let tiers = RateTier::builder()
+        .tier("free", Quota::per_minute(100))
+        .tier_concurrency("free", 4)
+        .clock(FakeClock::new())
+        .storage(
+            Fallback::builder(Down::default())
+                .instances(2)
+                .failures_to_switch(1)
+                .build(),
+        )
+        .build();
+    let app = app(tiers);
+    let held = [open_stream(&app, "ada").await, open_stream(&app, "ada").await];
+    assert!(held.iter().all(|r| r.status() == StatusCode::OK));
+    let refused = send(&app, get_as("ada", "/")).await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(refused.header("x-ratelimit-limit"), Some("4"));
+    assert_eq!(refused.json()["limit"], 4);
 }

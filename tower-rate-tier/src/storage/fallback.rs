@@ -75,10 +75,11 @@
 //! that took less, and the fields of a refunded response count it so. `X-RateLimit-Limit` still names
 //! the configured burst; `Remaining` and the reset count from the share.
 //! A concurrency limit is scaled the same way (`ceil(limit × share)` slots,
-//! at least 1); a slot is given back to the local limiter whenever the
-//! key's failure domain has local state, and to the primary always (each
-//! storage's lease ids are its own: a lease one never gave is nothing to
-//! it). An [`Op::Each`] is decided locally as the
+//! at least 1), and counted apart from the primary's slots; a slot is
+//! given back to the local limiter when the key's failure domain has local
+//! state and that limiter gave it, and else to the primary. A refund of what
+//! the local limiter charged goes to it whenever the domain has local
+//! state, and nowhere else. An [`Op::Each`] is decided locally as the
 //! same op, its debt bounds scaled as bursts are (`ceil(debt × share)`).
 //! The local state of an outage starts empty: during an outage a client
 //! gets up to its share, whatever it had used in the primary. An outage

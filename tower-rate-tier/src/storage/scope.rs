@@ -95,9 +95,9 @@ pub trait TierScope: Send + Sync + fmt::Debug + 'static {
     /// storage that decided it elsewhere gives it back there. By default,
     /// as [`decide`](TierScope::decide) does; a
     /// [`Fallback`](super::Fallback) gives back what its local limiter
-    /// charged to that limiter while the key's domain answers locally, and
-    /// nowhere once the primary answers again (the primary never charged
-    /// it). A scope that wraps another passes it on with `decided_by`: the
+    /// charged to that limiter's state while the key's domain has one (an
+    /// outage that ended keeps it for the next), and never to the primary
+    /// (which never charged it). A scope that wraps another passes it on with `decided_by`: the
     /// default would give it back where the wrapped scope decides now.
     ///
     /// [`Decision::source`]: super::Decision::source

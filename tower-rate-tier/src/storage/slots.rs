@@ -49,7 +49,10 @@ pub struct SlotState {
     /// Slots in use after the decision (this request's included when it
     /// took one).
     pub in_use: u32,
-    /// The slot this request took; `None` when it took none.
+    /// The slot this request took; `None` when it took none. After an
+    /// [`Op::Release`](super::Op::Release): the lease given back, when this
+    /// storage held it (a storage may leave it `None`; the `Fallback` then
+    /// gives the slot back to its primary too).
     pub lease: Option<Lease>,
     /// Whether the decision was refused for want of a free slot (then no
     /// band was charged, and the decision's band states may be empty).

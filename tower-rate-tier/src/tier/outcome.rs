@@ -374,7 +374,10 @@ fn concurrency_limited(tier: &Arc<TierEntry>, d: Decision, slots: SlotState) -> 
             band,
         )
     } else {
-        (slots.limit, 0, second, second, 0)
+        // the configured limit, not a share of it that a storage decided
+        // with (a `Fallback` while its primary is down)
+        let limit = tier.concurrency.map_or(slots.limit, std::num::NonZeroU32::get);
+        (limit, 0, second, second, 0)
     };
     // bands that would admit say nothing of this refusal
     let bands = if refusing { d.bands } else { BandStates::new() };

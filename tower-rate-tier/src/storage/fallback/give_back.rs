@@ -1,6 +1,6 @@
 //! What goes back where it was taken, whether the tier was prepared or is
-//! decided by name: a refund to whoever charged it, a slot to both
-//! limiters.
+//! decided by name: a refund to whoever charged it, a slot to the limiter
+//! that gave it.
 
 use std::sync::Arc;
 
@@ -14,10 +14,12 @@ impl Shared {
     /// `at` (kept locally in `local`; `primary` carries out an operation
     /// in the primary, told who charged it).
     ///
-    /// A refund of what the local limiter charged goes to it while the
-    /// key's domain answers locally (into the spell of now), and nowhere
-    /// once the primary answers again: the primary never charged it, and
-    /// the local state is never merged into the primary's. Any other refund
+    /// A refund of what the local limiter charged goes to it whenever the
+    /// key's domain has local state (it answers locally, answered a failure
+    /// locally before it switched, or an outage of it ended: the state a
+    /// new outage may continue), and nowhere else: the primary never
+    /// charged it, and the local state is never merged into the primary's.
+    /// Any other refund
     /// goes to the primary, whether or not the key's domain answers locally
     /// now: the local limiter never charged it (a refund the primary cannot
     /// take is reported as failed, never given to the local limiter).
@@ -32,7 +34,7 @@ impl Shared {
         if decided_by != DecisionSource::Fallback {
             return primary(call.op);
         }
-        let Some(epoch) = self.local_epoch(self.domain(at, call.user)) else {
+        let Some(epoch) = self.known_epoch(self.domain(at, call.user)) else {
             let nothing = Decision::new(true, call.clock.now(), BandStates::new());
             return Decide::ready(Ok(nothing.with_source(DecisionSource::Fallback)));
         };
@@ -40,16 +42,18 @@ impl Shared {
     }
 
     /// Gives back the slot of `lease` that `call`'s user took in the tier
-    /// `at`, where it was taken, which its lease does not say: in the local
-    /// limiter whenever the key's domain has local state (it answers
-    /// locally, or answered a failure locally before it switched, or since
-    /// an outage that ended), and in the primary always (`primary` gives it
-    /// back there; a lease one of them never gave is nothing to it).
+    /// `at`, where it was taken: in the local limiter when the key's domain
+    /// has local state (it answers locally, or answered a failure locally
+    /// before it switched, or since an outage that ended) and that limiter
+    /// held the lease (then nothing of it is in the primary); else in the
+    /// primary (`primary` gives it back there; a lease it never gave is
+    /// nothing to it).
     ///
     /// While the domain answers locally, the local answer is the answer:
-    /// the primary's release is sent on its own, its failure left to the
-    /// lease, and never waited for nor reported as the release's. Else the
-    /// primary's answer is (a release it cannot take is left to the lease).
+    /// the primary's release of a lease the local limiter did not hold is
+    /// sent on its own, its failure left to the lease, and never waited
+    /// for nor reported as the release's. Else the primary's answer is (a
+    /// release it cannot take is left to the lease).
     pub(super) fn release(
         &self,
         at: ScopeKey<'_>,
@@ -65,6 +69,10 @@ impl Shared {
                 ..call
             };
             let released = self.answer_locally(local, call, epoch);
+            let held_locally = matches!(&released, Ok(d) if d.slots.is_some_and(|s| s.lease == Some(lease)));
+            if held_locally {
+                return Some(Decide::ready(released));
+            }
             if self.local_epoch(domain).is_some() {
                 if let Some(pending) = primary(lease).map(Decide::into_ready).and_then(Result::err)
                     && let Ok(runtime) = tokio::runtime::Handle::try_current()

@@ -90,7 +90,7 @@ impl TierScope for FallbackScope {
             })
     }
 
-    /// In both limiters (see [`Shared::release`]).
+    /// Where it was given (see [`Shared::release`]).
     fn release(&self, user: &str, bands: &[Quota], lease: Lease, clock: &Arc<dyn Clock>) -> Option<Decide> {
         let call = Call {
             user,

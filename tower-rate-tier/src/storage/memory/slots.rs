@@ -123,11 +123,11 @@ impl Inner {
         lease: Lease,
         clock: &Arc<dyn Clock>,
     ) -> Decision {
-        let in_use = self.release_slot(scope, user, lease);
+        let (held, in_use) = self.release_slot(scope, user, lease);
         let state = SlotState {
             limit: 0,
             in_use,
-            lease: None,
+            lease: held.then_some(lease),
             refused: false,
         };
         Decision::new(true, clock.now(), BandStates::new()).with_slots(state)
@@ -146,18 +146,16 @@ impl Inner {
         }
     }
 
-    /// Gives `lease` back; the slots still in use. The set stays for the
-    /// next request, unless the sets are past the key cap.
-    pub(super) fn release_slot(&self, scope: &Scope, user: &str, lease: Lease) -> u32 {
-        let in_use = match scope.slots.get_mut(user) {
-            Some(mut set) => {
-                set.release(lease);
-                set.in_use()
-            }
-            None => return 0,
+    /// Gives `lease` back; whether it was held, and the slots still in
+    /// use. The set stays for the next request, unless the sets are past
+    /// the key cap.
+    pub(super) fn release_slot(&self, scope: &Scope, user: &str, lease: Lease) -> (bool, u32) {
+        let (held, in_use) = match scope.slots.get_mut(user) {
+            Some(mut set) => (set.release(lease), set.in_use()),
+            None => return (false, 0),
         };
         self.forget_if_empty(scope, user, in_use);
-        in_use
+        (held, in_use)
     }
 
     #[cold]
