@@ -359,3 +359,33 @@ async fn a_quota_of_a_unit_is_no_request_band() {
         "{policy}"
     );
 }
+
+/// A unit never used stays whole when the clock goes back (a `FakeClock`
+/// rewound, a clock stepped back): the request band, spent, waits its one
+/// refill, and the unit refuses nothing (it read as a whole band charged,
+/// and its debt bound: a wait of twice the refill, the unit named).
+#[tokio::test]
+async fn a_unit_never_used_stays_whole_when_the_clock_goes_back() {
+    let clock = FakeClock::new();
+    let tiers = RateTier::builder()
+        .tier("free", Quota::per_minute(2))
+        .tier_unit("free", "tokens", Quota::per_minute(1_000))
+        .clock(clock.clone())
+        .build();
+    for _ in 0..2 {
+        tiers.check("ada", "free", 1).await.unwrap().unwrap();
+    }
+    clock.rewind(Duration::from_secs(365 * 24 * 3_600));
+    let refused = tiers.check("ada", "free", 1).await.unwrap().unwrap_err();
+    assert_eq!(refused.retry_after, Duration::from_secs(30));
+    let tokens = refused
+        .bands()
+        .find(|(q, _)| q.unit().as_str() == "tokens")
+        .map(|(_, state)| state.remaining);
+    assert!(matches!(tokens, None | Some(1_000)), "{tokens:?}");
+    // once the refill has passed, the user is admitted with every token
+    clock.advance(Duration::from_secs(30));
+    let admitted = tiers.check("ada", "free", 1).await.unwrap().unwrap();
+    let tokens = admitted.bands().find(|(q, _)| q.unit().as_str() == "tokens");
+    assert_eq!(tokens.map(|(_, s)| s.remaining), Some(1_000));
+}

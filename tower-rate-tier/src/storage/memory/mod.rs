@@ -34,6 +34,12 @@ type Tats = Box<[(BandName, Nanos)]>;
 const DEFAULT_MAX_KEYS: usize = 1_000_000;
 const DEFAULT_GC_INTERVAL: Duration = Duration::from_secs(60);
 
+/// The time kept for a band at a fresh state (never charged, or refunded
+/// whole): before any clock's now, so that it stays fresh when the clock
+/// goes back (a time of the decision would then read as a charge of the
+/// whole band, and of its debt bound), and expired for the GC.
+const FRESH: Nanos = 0;
+
 /// GCRA state in this process's memory.
 ///
 /// * One scope per tier of each limiter (namespace): maps keyed by user id,
@@ -399,7 +405,7 @@ impl Inner {
             let now = clock.now();
             let mut tat = [Some(*stored)];
             let decision = super::decide_bands(&mut tat, now, bands, op);
-            *stored = tat[0].unwrap_or(now);
+            *stored = tat[0].unwrap_or(FRESH);
             return Ok(decision);
         }
         self.insert_one(scope, user, bands, op, clock, refund)
@@ -454,14 +460,14 @@ impl Inner {
                 let now = clock.now();
                 let mut tat = [Some(*e.get())];
                 let decision = super::decide_bands(&mut tat, now, bands, op);
-                *e.get_mut() = tat[0].unwrap_or(now);
+                *e.get_mut() = tat[0].unwrap_or(FRESH);
                 Ok(decision)
             }
             Entry::Vacant(e) => {
                 let now = clock.now();
                 let mut tat = [None];
                 let decision = super::decide_bands(&mut tat, now, bands, op);
-                e.insert(tat[0].unwrap_or(now));
+                e.insert(tat[0].unwrap_or(FRESH));
                 Ok(decision)
             }
         }

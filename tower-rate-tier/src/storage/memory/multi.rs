@@ -9,7 +9,7 @@ use dashmap::mapref::entry::Entry;
 
 use super::gc::KeylessRefund;
 use super::scope::Scope;
-use super::{Inner, Tats};
+use super::{FRESH, Inner, Tats};
 use crate::clock::{Clock, Nanos};
 use crate::quota::Quota;
 use crate::storage::{BandName, Decision, MAX_BANDS, Op, StorageError};
@@ -30,13 +30,13 @@ fn same_layout(stored: &Tats, names: &[BandName]) -> bool {
     stored.len() == names.len() && stored.iter().zip(names).all(|((n, _), name)| n == name)
 }
 
-/// `tats` under `names`, a band at a fresh state kept as an expired time
-/// (the GC removes the key once every band has expired).
-pub(super) fn store(names: &[BandName], tats: &[Option<Nanos>], now: Nanos) -> Tats {
+/// `tats` under `names`, a band at a fresh state kept as [`FRESH`] (the GC
+/// removes the key once every band has expired).
+pub(super) fn store(names: &[BandName], tats: &[Option<Nanos>]) -> Tats {
     names
         .iter()
         .zip(tats)
-        .map(|(&n, tat)| (n, tat.unwrap_or(now)))
+        .map(|(&n, tat)| (n, tat.unwrap_or(FRESH)))
         .collect()
 }
 
@@ -58,7 +58,7 @@ fn store_merged(stored: &mut Tats, names: &[BandName], tats: &[Option<Nanos>], n
     *stored = names
         .iter()
         .zip(tats)
-        .map(|(&n, tat)| (n, tat.unwrap_or(now)))
+        .map(|(&n, tat)| (n, tat.unwrap_or(FRESH)))
         .chain(others)
         .take(MAX_STORED)
         .collect();
@@ -97,7 +97,7 @@ impl Inner {
             let mut tats = stored.map_or([None; MAX_BANDS], |s| lookup(s, names));
             let decision = crate::storage::decide_bands(&mut tats[..n], now, bands, op);
             let keep = tats[..n].iter().any(Option::is_some);
-            (decision, keep.then(|| store(names, &tats[..n], now)))
+            (decision, keep.then(|| store(names, &tats[..n])))
         };
         if let Some(mut stored) = scope.multi.get_mut(user) {
             return self.decide_in(scope, user, &mut stored, bands, names, op, clock);
@@ -191,7 +191,7 @@ impl Inner {
             }
             let decision = crate::storage::decide_bands(&mut tats[..n], now, bands, op);
             for ((_, kept), tat) in stored.iter_mut().zip(&tats) {
-                *kept = tat.unwrap_or(now);
+                *kept = tat.unwrap_or(FRESH);
             }
             return Ok(decision);
         }

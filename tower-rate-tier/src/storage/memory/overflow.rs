@@ -79,7 +79,7 @@ impl Inner {
                     }
                 }
             }
-            *stored = store(names, &tats[..n], now);
+            *stored = store(names, &tats[..n]);
             decision
         };
         // One lock for every overflow bucket: each is one key, whose
