@@ -117,7 +117,9 @@ impl Quota {
     }
 
     /// `n` requests per `period`, burst `n`: any period from a nanosecond to
-    /// about 584 years.
+    /// about 584 years in memory; Redis counts a band's full refill in
+    /// microseconds up to 2^51 (about 71 years), and cuts a longer one to
+    /// that (it refills sooner, and holds fewer than `n` at once).
     ///
     /// The bucket refills continuously (see the [module documentation](self)):
     /// `Quota::per_period(3_000, Duration::from_secs(30 * 86_400))` admits

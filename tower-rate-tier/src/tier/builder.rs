@@ -188,7 +188,13 @@ impl RateTierBuilder {
     }
 
     /// The clock (default [`SystemClock`]); the storage receives it with
-    /// every decision (the in-memory storage decides with it).
+    /// every decision (the in-memory storage decides with it). The Redis
+    /// storage decides with its server's time (unless given a
+    /// `client_clock`), but its deny cache counts time with this clock: with
+    /// a [`FakeClock`](crate::clock::FakeClock) that stands still, a denial
+    /// it keeps lasts until the clock is advanced past it. For tests of
+    /// Redis in real time, keep the `SystemClock` or turn the deny cache
+    /// off.
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.clock = Some(Arc::new(clock));
         self
