@@ -34,10 +34,8 @@ type Tats = Box<[(BandName, Nanos)]>;
 const DEFAULT_MAX_KEYS: usize = 1_000_000;
 const DEFAULT_GC_INTERVAL: Duration = Duration::from_secs(60);
 
-/// The time kept for a band at a fresh state (never charged, or refunded
-/// whole): before any clock's now, so that it stays fresh when the clock
-/// goes back (a time of the decision would then read as a charge of the
-/// whole band, and of its debt bound), and expired for the GC.
+/// The time kept for a band at a fresh state: before any clock's now, so
+/// that it stays fresh when the clock goes back (and expired for the GC).
 const FRESH: Nanos = 0;
 
 /// GCRA state in this process's memory.

@@ -56,11 +56,9 @@
 //! a round trip, with the `Retry-After` and band states Redis would give
 //! (source [`DecisionSource::DenyCache`](super::DecisionSource::DenyCache)).
 //! It never admits, never denies what Redis would admit, and is indifferent
-//! to clock skew between this process and Redis (it counts time with the
-//! limiter's clock, which must run at the pace of real time: a `FakeClock`
-//! that stands still keeps a cached denial until it is advanced); a refund
-//! made by another instance is not seen until the entry expires. See
-//! [`DenyCache`](super::DenyCache) for how and why.
+//! to clock skew (it counts time with the limiter's clock: a `FakeClock`
+//! keeps a denial until advanced); another instance's refund is not seen
+//! until the entry expires. See [`DenyCache`](super::DenyCache) for why.
 //!
 //! # Redis Cluster
 //!
