@@ -836,10 +836,7 @@ async fn a_route_priced_0_is_reached_with_every_slot_taken_and_takes_none() {
     );
     let held = [open(&app, "ada").await, open(&app, "ada").await];
     assert!(held.iter().all(|r| r.status() == StatusCode::OK));
-    assert_eq!(
-        send(&app, get_as("ada", "/stream")).await.status,
-        StatusCode::TOO_MANY_REQUESTS
-    );
+    assert_eq!(open(&app, "ada").await.status(), StatusCode::TOO_MANY_REQUESTS);
     // the health check passes, and a held one holds no slot
     let health = app.clone().oneshot(get_as("ada", "/")).await.unwrap();
     assert_eq!(health.status(), StatusCode::OK);
@@ -847,4 +844,38 @@ async fn a_route_priced_0_is_reached_with_every_slot_taken_and_takes_none() {
     let streams = [open(&app, "ada").await, open(&app, "ada").await];
     assert!(streams.iter().all(|r| r.status() == StatusCode::OK));
     drop(health);
+}
+
+/// A price learned at 0 is not final: a route whose declaration of 5 runs
+/// only on some requests (behind a layer that answers the others itself)
+/// is learned at 0 from one that skipped it, and the requests that pay 5
+/// each hold their slot.
+#[tokio::test]
+async fn a_request_priced_by_a_route_learned_at_0_holds_its_slot() {
+    async fn cache(
+        request: axum::extract::Request,
+        next: axum::middleware::Next,
+    ) -> axum::response::Response {
+        if request.uri().query() == Some("cached") {
+            return axum::response::Response::new(Body::from("cached"));
+        }
+        next.run(request).await
+    }
+    let route = get(|| async { Body::new(Endless::default()) })
+        .layer(tower_rate_tier::tier_cost(5))
+        .layer::<_, std::convert::Infallible>(axum::middleware::from_fn(cache))
+        .layer(tower_rate_tier::tier_cost(0));
+    let app = Router::new()
+        .route("/stream", route)
+        .layer(TierLimitLayer::new(tiers(Quota::per_minute(100), 1)).identifier_fn(header_identity));
+    // learned at 0: the declaration of 5 did not run
+    assert_eq!(
+        send(&app, get_as("ada", "/stream?cached")).await.status,
+        StatusCode::OK
+    );
+    let first = open(&app, "ada").await;
+    assert_eq!(first.status(), StatusCode::OK);
+    let second = open(&app, "ada").await;
+    assert_eq!(second.status(), StatusCode::TOO_MANY_REQUESTS);
+    drop((first, second));
 }

@@ -737,3 +737,20 @@ async fn a_slot_refusal_reports_the_bands_that_would_refuse_too() {
         assert!(refused.bands[1].retry_after_ns > 30_000_000_000, "{refused:?}");
     }
 }
+
+/// A client that reads each response to its end before it sends the next
+/// request never finds its own slot still taken: a body tells its end once
+/// its slot is back in Redis (the release went out in a task of its own,
+/// which the next acquire could overtake).
+#[tokio::test]
+async fn one_request_after_another_never_meets_its_own_slot() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let app = instance(storage(&server.url()).await, Quota::per_minute(1_000), 1);
+    for i in 0..50 {
+        let response = get(&app, "ada").await;
+        assert_eq!(response.status(), StatusCode::OK, "request {i}");
+        assert_eq!(body(response).await, "ok");
+    }
+}

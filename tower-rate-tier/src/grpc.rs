@@ -142,7 +142,8 @@ use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
 /// The standard health service (`grpc.health.v1.Health`), every method: a
-/// [`method_cost`] entry `(grpc::HEALTH, 0)` exempts it from the limits.
+/// [`method_cost`] entry `(grpc::HEALTH, 0)` exempts it from the rate and
+/// the concurrency limit (a unit in debt still holds it, as every call).
 pub const HEALTH: &str = "/grpc.health.v1.Health/*";
 
 /// `grpc-retry-pushback-ms` (gRFC A6).

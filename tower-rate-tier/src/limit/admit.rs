@@ -7,9 +7,10 @@ use std::sync::atomic::Ordering;
 use http::request::Parts;
 use http::{Method, StatusCode};
 
+use super::bill::{Bill, Priced, edge_cost, route_key};
 use super::config::{Identify, LayerConfig};
 use super::head::Head;
-use crate::cost::{Charge, ChargeState, Charges, Outcome, RouteKey, Source, TierCost};
+use crate::cost::{Charge, ChargeState, Charges, Outcome, RouteKey, Source};
 use crate::event::RateLimitEvent;
 use crate::identity::{ANONYMOUS_PREFIX, TierIdentity};
 use crate::policy::{OnMissing, OnUnknownTier};
@@ -64,28 +65,6 @@ fn mark_final(head: &mut impl Head) {
     charges.0.push(None);
 }
 
-/// Who pays how much, before the storage is asked.
-pub(crate) struct Bill {
-    user: User,
-    pub(crate) tier: Arc<TierEntry>,
-    cost: u32,
-    source: Source,
-    priced: Priced,
-}
-
-/// Where the limiter's price of a request comes from.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Priced {
-    /// Not from what it learned of the route.
-    Fresh,
-    /// From the route's learned cost.
-    Learned,
-    /// From a cost learned from a refused request, whose later declarations
-    /// may not have run: the route is learned again.
-    #[cfg_attr(not(feature = "axum"), allow(dead_code))]
-    Provisional,
-}
-
 /// The identity, when the identifier answers without waiting (`None`
 /// for an identifier that waits). A function of the whole head needs
 /// `head` to be [`Parts`].
@@ -137,7 +116,7 @@ pub(crate) fn decide(config: &LayerConfig, bill: &Bill) -> Decided {
     match config
         .ledger
         .tiers
-        .begin(bill.user.id(), &bill.tier, bill.cost, true)
+        .begin(bill.user.id(), &bill.tier, bill.cost, bill.takes_slot())
     {
         Begun::Unlimited => Decided::Now(Answer::Unlimited),
         Begun::Failed(error) => Decided::Now(Answer::Failed(error)),
@@ -151,7 +130,7 @@ pub(crate) fn decide(config: &LayerConfig, bill: &Bill) -> Decided {
 /// What gives back the slot a bill's decision took for a request gone
 /// before the answer: `None` for a tier without a concurrency limit.
 fn releaser(config: &LayerConfig, bill: &Bill) -> Option<Release> {
-    bill.tier.concurrency.filter(|_| bill.cost > 0)?;
+    bill.tier.concurrency.filter(|_| bill.takes_slot())?;
     let (tiers, user, tier) = (config.ledger.tiers.clone(), bill.user.clone(), bill.tier.clone());
     Some(Box::new(move |lease| tiers.release(user.id(), &tier, lease)))
 }
@@ -204,6 +183,7 @@ pub(crate) fn admission(
     bill: Bill,
     answer: Answer,
 ) -> Admission {
+    let took_slot = bill.takes_slot();
     let Bill {
         user,
         tier,
@@ -225,7 +205,7 @@ pub(crate) fn admission(
     };
     let result = match result {
         Ok(Ok(decision))
-            if tier.concurrency.is_some() && cost > 0 && decision.slots.and_then(|s| s.lease).is_none() =>
+            if tier.concurrency.is_some() && took_slot && decision.slots.and_then(|s| s.lease).is_none() =>
         {
             Err(CheckError::Storage(StorageError::new(
                 StorageErrorKind::Other,
@@ -354,43 +334,6 @@ fn slot(config: &LayerConfig, charge: &Arc<Charge>, lease: crate::storage::Lease
             .map(|m| m.slots_in_use(charge.tier_name())),
     );
     guard
-}
-
-/// The cost known before the route runs, who set it, and whether it
-/// was learned from earlier requests to the route.
-fn edge_cost(config: &LayerConfig, head: &impl Head) -> (u32, Source, Priced) {
-    // `call` reads the head in place only without a cost function.
-    debug_assert!(config.cost_fn.is_none() || head.parts().is_some());
-    let extensions = head.extensions();
-    if let Some(TierCost(cost)) = extensions.get::<TierCost>() {
-        return (*cost, Source::Edge, Priced::Fresh);
-    }
-    if let Some(cost) = config.cost_fn.as_ref().and_then(|f| f(head.parts()?)) {
-        return (cost, Source::Edge, Priced::Fresh);
-    }
-    #[cfg(feature = "axum")]
-    if let Some(path) = extensions.get::<axum::extract::MatchedPath>() {
-        if let Some((cost, source, provisional)) = config.ledger.learned.get(head.method(), path) {
-            let priced = if provisional {
-                Priced::Provisional
-            } else {
-                Priced::Learned
-            };
-            return (cost, source, priced);
-        }
-    }
-    (1, Source::Default, Priced::Fresh)
-}
-
-#[cfg(feature = "axum")]
-fn route_key(head: &impl Head) -> Option<(http::Method, RouteKey)> {
-    let path = head.extensions().get::<axum::extract::MatchedPath>()?;
-    Some((head.method().clone(), path.clone()))
-}
-
-#[cfg(not(feature = "axum"))]
-fn route_key(_head: &impl Head) -> Option<(http::Method, RouteKey)> {
-    None
 }
 
 fn unknown_tier(

@@ -12,6 +12,7 @@
 //!   `buffered-body`).
 
 mod admit;
+mod bill;
 #[cfg(feature = "buffered-body")]
 mod buffered;
 mod config;

@@ -10,7 +10,8 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use super::admit::{self, Decided};
-use super::admit::{Admission, Answer, Bill};
+use super::admit::{Admission, Answer};
+use super::bill::Bill;
 use super::config::LayerConfig;
 use super::future::{ResponseFuture, finish};
 use super::head::Head;

@@ -133,8 +133,8 @@ impl RateTier {
 
     /// Charges `cost` to `user` in `tier`: `Ok(Ok(info))` when admitted,
     /// `Ok(Err(limited))` when denied (nothing charged), `Err(_)` when the
-    /// check could not be decided. Cost 0 reports the state, charges
-    /// nothing and is always admitted (a unit in debt included). An unlimited tier never touches the storage. A check is a
+    /// check could not be decided. Cost 0 reports the state and charges
+    /// nothing. An unlimited tier never touches the storage. A check is a
     /// rate decision only: the tier's concurrency limit counts the requests
     /// the layer serves, each holding its slot until its response is over.
     pub async fn check(&self, user: &str, tier: &str, cost: u32) -> CheckResult {
@@ -271,9 +271,7 @@ impl RateTier {
     /// the outcome when it is known without asking (an unlimited tier, a
     /// cost above the burst). With
     /// `slot`, a tier with a concurrency limit also takes one of the user's
-    /// slots, in the same decision (the admission carries its lease). A
-    /// cost of 0 takes no slot and is never refused (see
-    /// [`TierEntry::admission`]): what is exempt is exempt from every limit.
+    /// slots, in the same decision (the admission carries its lease).
     #[inline]
     pub(crate) fn begin<'a>(
         &'a self,
@@ -282,7 +280,7 @@ impl RateTier {
         cost: u32,
         slot: bool,
     ) -> Begun {
-        let slots = tier.concurrency.filter(|_| slot && cost > 0);
+        let slots = tier.concurrency.filter(|_| slot);
         if slots.is_none() && tier.counts_nothing() {
             return Begun::Unlimited;
         }

@@ -86,15 +86,11 @@ impl TierEntry {
 
     /// The operation a request's admission asks of every band: `cost` in
     /// each request band, and in each unit band at least one unit and no
-    /// debt. A cost of 0 is never refused: every band is peeked (a unit in
-    /// debt does not refuse a health check).
+    /// debt.
     #[inline]
     pub(crate) fn admission(&self, cost: u32) -> Op {
         if self.units.is_empty() {
             return Op::Charge(cost);
-        }
-        if cost == 0 {
-            return Op::Each(self.amounts.peek);
         }
         let mut amounts = self.amounts.admit;
         amounts.fill(0..self.first_unit(), Amount::Charge(cost));
