@@ -754,3 +754,113 @@ async fn one_request_after_another_never_meets_its_own_slot() {
         assert_eq!(body(response).await, "ok");
     }
 }
+
+/// A body that never says it is at its end before `None`, of an exact size
+/// or not: a server stops reading it at its length (hyper drops it there).
+struct Parts(std::collections::VecDeque<bytes::Bytes>, Option<u64>);
+
+impl http_body::Body for Parts {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+        std::task::Poll::Ready(
+            self.get_mut()
+                .0
+                .pop_front()
+                .map(|b| Ok(http_body::Frame::data(b))),
+        )
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.1
+            .map_or_else(http_body::SizeHint::default, http_body::SizeHint::with_exact)
+    }
+}
+
+/// `abcd` in two frames, of an exact size when `exact`.
+fn parts(exact: bool) -> Body {
+    let parts = ["ab", "cd"].map(|s| bytes::Bytes::from_static(s.as_bytes()));
+    Body::new(Parts(parts.into(), exact.then_some(4)))
+}
+
+/// The same over HTTP/1.1 with bodies a server stops reading at their
+/// length (an exact size, a `Content-Length` header), one request after
+/// another and pipelined: their last byte ends them, and the client that
+/// read it never meets its own slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_read_to_its_length_has_given_its_slot_back() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let tiers = RateTier::builder()
+        .tier("free", Quota::per_minute(1_000_000))
+        .tier_concurrency("free", 1)
+        .storage(storage(&server.url()).await)
+        .build();
+    let app = Router::new()
+        .route("/len", routing::get(|| async { parts(true) }))
+        .route(
+            "/header",
+            routing::get(|| async {
+                http::Response::builder()
+                    .header("content-length", "4")
+                    .body(parts(false))
+                    .unwrap()
+            }),
+        )
+        .layer(TierLimitLayer::new(tiers).identifier_fn(identity));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let mut connection = tokio::net::TcpStream::connect(address).await.unwrap();
+    let request = |path: &str| format!("GET {path} HTTP/1.1\r\nhost: x\r\nx-user: ada\r\n\r\n");
+    let mut statuses = Vec::new();
+    let mut buffer = Vec::new();
+    for round in 0..100 {
+        // every tenth round two requests at once (pipelined)
+        let paths: &[&str] = if round % 10 == 9 {
+            &["/len", "/header"]
+        } else {
+            &[["/len", "/header"][round % 2]]
+        };
+        let requests: String = paths.iter().map(|path| request(path)).collect();
+        connection.write_all(requests.as_bytes()).await.unwrap();
+        for _ in paths {
+            // a response is its head and 4 bytes of body
+            let response = loop {
+                if let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
+                    let head = String::from_utf8_lossy(&buffer[..end]).into_owned();
+                    let length: usize = head
+                        .lines()
+                        .find_map(|l| {
+                            l.to_ascii_lowercase()
+                                .strip_prefix("content-length: ")
+                                .map(str::to_owned)
+                        })
+                        .map_or(0, |v| v.trim().parse().unwrap());
+                    if buffer.len() >= end + 4 + length {
+                        buffer.drain(..end + 4 + length);
+                        break head;
+                    }
+                }
+                let mut chunk = [0; 4096];
+                let n = connection.read(&mut chunk).await.unwrap();
+                assert!(n > 0, "the connection closed");
+                buffer.extend_from_slice(&chunk[..n]);
+            };
+            statuses.push(response.lines().next().unwrap_or_default().to_owned());
+        }
+    }
+    let refused = statuses.iter().filter(|s| s.contains("429")).count();
+    assert_eq!(
+        refused,
+        0,
+        "{refused} of {} requests met their own slot",
+        statuses.len()
+    );
+}

@@ -13,7 +13,7 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
 use crate::meter::ContentMeter;
-use crate::slot::{Releasing, SlotGuard};
+use crate::slot::SlotGuard;
 
 pin_project! {
     /// The inner service's body, or the limiter's refusal (a JSON problem
@@ -21,8 +21,7 @@ pin_project! {
     ///
     /// The body of a request that holds a slot of its tier's concurrency
     /// limit holds it until the body ends (its last frame is read, or it
-    /// fails) or is dropped; a body that ends tells its end (its last
-    /// frame) once the slot is back. The body of a request whose tier counts the
+    /// fails) or is dropped. The body of a request whose tier counts the
     /// unit `content-bytes` counts its data frames as they are read, and
     /// charges them when it ends or is dropped.
     #[derive(Debug)]
@@ -53,11 +52,7 @@ impl<B> ResponseBody<B> {
     pub(crate) fn holding(body: B, slot: Option<SlotGuard>, meter: Option<ContentMeter>) -> Self {
         ResponseBody {
             kind: Kind::Inner { body },
-            held: Held {
-                slot,
-                meter,
-                ending: None,
-            },
+            held: Held { slot, meter },
         }
     }
 
@@ -90,11 +85,6 @@ where
         let this = self.project();
         match this.kind.project() {
             KindProj::Inner { mut body } => {
-                if let Some(ending) = &mut this.held.ending {
-                    std::task::ready!(Pin::new(&mut ending.releasing).poll(cx));
-                    let last = this.held.ending.take().and_then(|ending| ending.last);
-                    return Poll::Ready(last.map(Ok));
-                }
                 let frame = body.as_mut().poll_frame(cx);
                 if let (Poll::Ready(Some(Ok(frame))), Some(meter)) = (&frame, &mut this.held.meter) {
                     if let Some(data) = frame.data_ref() {
@@ -106,27 +96,13 @@ where
                     Poll::Ready(Some(Ok(_))) => body.is_end_stream(),
                     Poll::Pending => false,
                 };
-                if !ended {
-                    return frame;
+                if ended {
+                    // the response is over: its slot is given back, its
+                    // content charged
+                    this.held.slot.take();
+                    this.held.meter.take();
                 }
-                // the response is over: its content charged, its slot given
-                // back, and its end told once the slot is back (a failed
-                // body's at once)
-                this.held.meter.take();
-                let Some(releasing) = this.held.slot.take().and_then(SlotGuard::give_back) else {
-                    return frame;
-                };
-                let last = match frame {
-                    Poll::Ready(Some(Ok(last))) => Some(last),
-                    Poll::Ready(None) => None,
-                    failed => return failed,
-                };
-                let mut ending = Ending { releasing, last };
-                if Pin::new(&mut ending.releasing).poll(cx).is_pending() {
-                    this.held.ending = Some(ending);
-                    return Poll::Pending;
-                }
-                Poll::Ready(ending.last.map(Ok))
+                frame
             }
             KindProj::Refusal { body } => Poll::Ready(body.take().map(|b| Ok(Frame::data(b)))),
         }
@@ -134,7 +110,7 @@ where
 
     fn is_end_stream(&self) -> bool {
         match &self.kind {
-            Kind::Inner { body } => self.held.ending.is_none() && body.is_end_stream(),
+            Kind::Inner { body } => body.is_end_stream(),
             Kind::Refusal { body } => body.is_none(),
         }
     }
@@ -148,20 +124,11 @@ where
 }
 
 /// What a body holds for the request until it ends: its slot, its content
-/// meter, and once it has ended, the slot being given back.
+/// meter.
 #[derive(Debug, Default)]
 struct Held {
     slot: Option<SlotGuard>,
     meter: Option<ContentMeter>,
-    ending: Option<Ending>,
-}
-
-/// A body that has ended while its slot is given back: its last frame
-/// (`None` when it ended without one) is told once the slot is back.
-#[derive(Debug)]
-struct Ending {
-    releasing: Releasing,
-    last: Option<Frame<Bytes>>,
 }
 
 /// Marks, in its extensions, a response the limiter answered itself for

@@ -9,8 +9,6 @@
 //! slot is given back when the body ends or is dropped, when the response
 //! future is dropped (the client went away, a timeout layer gave up, the
 //! handler panicked and the task unwound), or when the inner service fails.
-//! [`Releasing`]: a slot being given back, which a body that ends awaits
-//! before it tells its end.
 
 use std::fmt;
 use std::future::Future;
@@ -29,8 +27,7 @@ pub(crate) trait SlotOwner: Send + Sync {
 
 /// The slot of an admitted request.
 pub(crate) struct SlotGuard {
-    /// `None` once the slot is given back.
-    owner: Option<Arc<dyn SlotOwner>>,
+    owner: Arc<dyn SlotOwner>,
     lease: Lease,
     #[cfg(feature = "metrics")]
     in_use: Option<metrics::Gauge>,
@@ -39,29 +36,11 @@ pub(crate) struct SlotGuard {
 impl SlotGuard {
     pub(crate) fn new(owner: Arc<dyn SlotOwner>, lease: Lease) -> Self {
         SlotGuard {
-            owner: Some(owner),
+            owner,
             lease,
             #[cfg(feature = "metrics")]
             in_use: None,
         }
-    }
-
-    /// Gives the slot back now: `None` when it is back already (a storage
-    /// that answers at once, in memory), else the storage's answer to
-    /// await (see [`Releasing`]).
-    pub(crate) fn give_back(mut self) -> Option<Releasing> {
-        self.start_release().map(|pending| Releasing(Some(pending)))
-    }
-
-    /// Starts giving the slot back, once: the storage's answer when it has
-    /// to be awaited.
-    fn start_release(&mut self) -> Option<Decide> {
-        let owner = self.owner.take()?;
-        #[cfg(feature = "metrics")]
-        if let Some(gauge) = &self.in_use {
-            gauge.decrement(1.0);
-        }
-        owner.release_slot(self.lease)?.into_ready().err()
     }
 
     /// Counts the slot in `gauge` while it is held.
@@ -80,48 +59,33 @@ impl Drop for SlotGuard {
     /// memory), else in a task of its own, so a drop never waits. Outside a
     /// tokio runtime, or when the release fails, the slot is left to its
     /// lease.
+    ///
+    /// A release to be awaited is polled once here first: a storage sends
+    /// its command on the first poll (Redis: into the connection's queue,
+    /// which the server reads in order), so a request of the same user
+    /// asked after the response ended is decided after the release, and a
+    /// client that sends one request after another never meets its own
+    /// slot.
     fn drop(&mut self) {
-        if let Some(pending) = self.start_release() {
-            drop(Releasing(Some(pending)));
+        #[cfg(feature = "metrics")]
+        if let Some(gauge) = &self.in_use {
+            gauge.decrement(1.0);
         }
-    }
-}
-
-/// A slot being given back, the storage's answer awaited (Redis): a body
-/// that ends tells its end once the slot is back, so that a client's next
-/// request never finds it still taken. Dropped before the answer, it is
-/// awaited in a task of its own (outside a tokio runtime, the slot is left
-/// to its lease); a failed release is left to the lease.
-pub(crate) struct Releasing(Option<Decide>);
-
-impl Future for Releasing {
-    type Output = ();
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if let Some(pending) = self.0.as_mut() {
-            let _ = std::task::ready!(Pin::new(pending).poll(cx));
-            self.0 = None;
-        }
-        Poll::Ready(())
-    }
-}
-
-impl Drop for Releasing {
-    fn drop(&mut self) {
-        let Some(pending) = self.0.take() else {
+        let Some(release) = self.owner.release_slot(self.lease) else {
             return;
         };
+        let Err(mut pending) = release.into_ready() else {
+            return;
+        };
+        let mut sent = Context::from_waker(std::task::Waker::noop());
+        if Pin::new(&mut pending).poll(&mut sent).is_ready() {
+            return;
+        }
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
                 let _ = pending.await;
             });
         }
-    }
-}
-
-impl fmt::Debug for Releasing {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("Releasing").field(&self.0.is_some()).finish()
     }
 }
 

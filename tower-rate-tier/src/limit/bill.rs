@@ -24,6 +24,7 @@ impl Bill {
     /// extension: a health check), which counts in no limit of requests. A
     /// price learned at 0 is not final (a declaration may top it up) and
     /// takes its slot.
+    #[inline]
     pub(super) fn takes_slot(&self) -> bool {
         self.cost > 0 || self.source != Source::Edge
     }
@@ -44,6 +45,7 @@ pub(super) enum Priced {
 
 /// The cost known before the route runs, who set it, and whether it
 /// was learned from earlier requests to the route.
+#[inline]
 pub(super) fn edge_cost(config: &LayerConfig, head: &impl Head) -> (u32, Source, Priced) {
     // `call` reads the head in place only without a cost function.
     debug_assert!(config.cost_fn.is_none() || head.parts().is_some());
