@@ -864,3 +864,50 @@ async fn a_body_read_to_its_length_has_given_its_slot_back() {
         statuses.len()
     );
 }
+
+/// A response dropped where no tokio runtime runs (a body handed to a
+/// thread of its own) cannot send its release: it is dropped without a
+/// panic, and its slot comes back after the lease.
+#[test]
+fn a_response_dropped_outside_a_runtime_leaves_its_slot_to_the_lease() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let lease = Duration::from_secs(1);
+    let app = runtime.block_on(async {
+        let tiers = RateTier::builder()
+            .tier("free", Quota::per_minute(1_000))
+            .tier_concurrency("free", 1)
+            .concurrency_lease(lease)
+            .storage(storage(&server.url()).await)
+            .build();
+        Router::new()
+            .route("/", routing::get(|| async { "ok" }))
+            .layer(TierLimitLayer::new(tiers).identifier_fn(identity))
+    });
+    let held = runtime.block_on(get(&app, "ada"));
+    assert_eq!(held.status(), StatusCode::OK);
+    let taken = Instant::now();
+    let dropped = std::thread::spawn(move || drop(held)).join();
+    assert!(dropped.is_ok(), "dropping a response outside a runtime panicked");
+    runtime.block_on(async {
+        assert_eq!(get(&app, "ada").await.status(), StatusCode::TOO_MANY_REQUESTS);
+        let deadline = taken + lease + Duration::from_secs(3);
+        loop {
+            if get(&app, "ada").await.status() == StatusCode::OK {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the slot never came back after its lease"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(taken.elapsed() >= lease, "the slot came back before its lease");
+    });
+}

@@ -77,15 +77,18 @@ impl Drop for SlotGuard {
         let Err(mut pending) = release.into_ready() else {
             return;
         };
+        // (never polled outside a runtime: a storage's answer may need one,
+        // as Redis's timeout does, and would panic in this drop)
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
         let mut sent = Context::from_waker(std::task::Waker::noop());
         if Pin::new(&mut pending).poll(&mut sent).is_ready() {
             return;
         }
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                let _ = pending.await;
-            });
-        }
+        runtime.spawn(async move {
+            let _ = pending.await;
+        });
     }
 }
 
