@@ -29,6 +29,9 @@ pub(crate) trait SlotOwner: Send + Sync {
 pub(crate) struct SlotGuard {
     owner: Arc<dyn SlotOwner>,
     lease: Lease,
+    /// The runtime the slot was taken on, whose timer the storage's
+    /// acquire used: its release is started there (see `Drop`).
+    runtime: Option<tokio::runtime::Handle>,
     #[cfg(feature = "metrics")]
     in_use: Option<metrics::Gauge>,
 }
@@ -38,6 +41,7 @@ impl SlotGuard {
         SlotGuard {
             owner,
             lease,
+            runtime: tokio::runtime::Handle::try_current().ok(),
             #[cfg(feature = "metrics")]
             in_use: None,
         }
@@ -56,16 +60,20 @@ impl SlotGuard {
 
 impl Drop for SlotGuard {
     /// Gives the slot back: at once for a storage that answers at once (in
-    /// memory), else in a task of its own, so a drop never waits. Outside a
-    /// tokio runtime, or when the release fails, the slot is left to its
-    /// lease.
+    /// memory), else in a task of its own on the runtime the slot was
+    /// taken on, so a drop never waits. Without that runtime (the slot was
+    /// taken outside one), or when the release fails, the slot is left to
+    /// its lease.
     ///
     /// A release to be awaited is polled once here first: a storage sends
     /// its command on the first poll (Redis: into the connection's queue,
     /// which the server reads in order), so a request of the same user
     /// asked after the response ended is decided after the release, and a
     /// client that sends one request after another never meets its own
-    /// slot.
+    /// slot. That poll runs in the context of the runtime the slot was
+    /// taken on, not of whatever runtime the drop happens under (one
+    /// without a timer, or shut down), where the storage's timeout would
+    /// panic.
     fn drop(&mut self) {
         #[cfg(feature = "metrics")]
         if let Some(gauge) = &self.in_use {
@@ -77,11 +85,10 @@ impl Drop for SlotGuard {
         let Err(mut pending) = release.into_ready() else {
             return;
         };
-        // (never polled outside a runtime: a storage's answer may need one,
-        // as Redis's timeout does, and would panic in this drop)
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        let Some(runtime) = &self.runtime else {
             return;
         };
+        let _taken_on = runtime.enter();
         let mut sent = Context::from_waker(std::task::Waker::noop());
         if Pin::new(&mut pending).poll(&mut sent).is_ready() {
             return;
