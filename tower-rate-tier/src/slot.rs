@@ -23,15 +23,35 @@ pub(crate) trait SlotOwner: Send + Sync {
     /// Starts giving back the slot of `lease`: `None` when it was given
     /// back at once.
     fn release_slot(&self, lease: Lease) -> Option<Decide>;
+
+    /// The runtime a release to be awaited goes on in: `None` for the
+    /// current one.
+    fn runtime(&self) -> Option<&tokio::runtime::Handle> {
+        None
+    }
+}
+
+/// The owner of a slot whose acquire was awaited, with the runtime that
+/// waited for it (and so has the timer the storage's answers need).
+struct Waited {
+    owner: Arc<dyn SlotOwner>,
+    runtime: tokio::runtime::Handle,
+}
+
+impl SlotOwner for Waited {
+    fn release_slot(&self, lease: Lease) -> Option<Decide> {
+        self.owner.release_slot(lease)
+    }
+
+    fn runtime(&self) -> Option<&tokio::runtime::Handle> {
+        Some(&self.runtime)
+    }
 }
 
 /// The slot of an admitted request.
 pub(crate) struct SlotGuard {
     owner: Arc<dyn SlotOwner>,
     lease: Lease,
-    /// The runtime the slot was taken on, whose timer the storage's
-    /// acquire used: its release is started there (see `Drop`).
-    runtime: Option<tokio::runtime::Handle>,
     #[cfg(feature = "metrics")]
     in_use: Option<metrics::Gauge>,
 }
@@ -41,10 +61,20 @@ impl SlotGuard {
         SlotGuard {
             owner,
             lease,
-            runtime: tokio::runtime::Handle::try_current().ok(),
             #[cfg(feature = "metrics")]
             in_use: None,
         }
+    }
+
+    /// The guard of a slot whose acquire was awaited on the current
+    /// runtime: its release is started on it, whatever thread drops the
+    /// guard.
+    pub(crate) fn waited_here(mut self) -> Self {
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let owner = self.owner.clone();
+            self.owner = Arc::new(Waited { owner, runtime });
+        }
+        self
     }
 
     /// Counts the slot in `gauge` while it is held.
@@ -60,18 +90,18 @@ impl SlotGuard {
 
 impl Drop for SlotGuard {
     /// Gives the slot back: at once for a storage that answers at once (in
-    /// memory), else in a task of its own on the runtime the slot was
-    /// taken on, so a drop never waits. Without that runtime (the slot was
-    /// taken outside one), or when the release fails, the slot is left to
-    /// its lease.
+    /// memory), else in a task of its own on the runtime that waited for
+    /// the slot (for a slot taken at once, the current one), so a drop
+    /// never waits. Without a runtime, or when the release fails, the slot
+    /// is left to its lease.
     ///
     /// A release to be awaited is polled once here first: a storage sends
     /// its command on the first poll (Redis: into the connection's queue,
     /// which the server reads in order), so a request of the same user
     /// asked after the response ended is decided after the release, and a
     /// client that sends one request after another never meets its own
-    /// slot. That poll runs in the context of the runtime the slot was
-    /// taken on, not of whatever runtime the drop happens under (one
+    /// slot. That poll runs in the context of the runtime that waited for
+    /// the slot, not of whatever runtime the drop happens under (one
     /// without a timer, or shut down), where the storage's timeout would
     /// panic.
     fn drop(&mut self) {
@@ -85,7 +115,12 @@ impl Drop for SlotGuard {
         let Err(mut pending) = release.into_ready() else {
             return;
         };
-        let Some(runtime) = &self.runtime else {
+        let Some(runtime) = self
+            .owner
+            .runtime()
+            .cloned()
+            .or_else(|| tokio::runtime::Handle::try_current().ok())
+        else {
             return;
         };
         let _taken_on = runtime.enter();

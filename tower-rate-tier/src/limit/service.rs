@@ -17,7 +17,7 @@ use super::future::{ResponseFuture, finish};
 use super::head::Head;
 use crate::body::ResponseBody;
 use crate::identity::TierIdentity;
-use crate::slot::Acquiring;
+use crate::slot::{Acquiring, SlotGuard};
 
 /// The service of [`TierLimitLayer`](crate::TierLimitLayer).
 #[derive(Clone)]
@@ -196,11 +196,19 @@ where
                 Some(pending) => Decided::Pending(pending),
                 None => admit::decide(&config, &bill),
             };
-            let answer = match decided {
-                Decided::Now(answer) => answer,
-                Decided::Pending(pending) => Answer::Storage(pending.await),
-            };
-            admit::admission(&config, &mut parts, bill, answer)
+            match decided {
+                Decided::Now(answer) => admit::admission(&config, &mut parts, bill, answer),
+                // a slot taken after a wait is given back where it was
+                // waited for (see `SlotGuard::waited_here`)
+                Decided::Pending(pending) => {
+                    match admit::admission(&config, &mut parts, bill, Answer::Storage(pending.await)) {
+                        Admission::Pass(charge, slot) => {
+                            Admission::Pass(charge, slot.map(SlotGuard::waited_here))
+                        }
+                        other => other,
+                    }
+                }
+            }
         }
         Err(answered) => answered,
     };
