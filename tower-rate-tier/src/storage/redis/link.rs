@@ -16,7 +16,9 @@ use std::time::{Duration, Instant};
 use redis::aio::ConnectionManager;
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use redis::cluster_routing::{
+    MultipleNodeRoutingInfo, ResponsePolicy, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
+};
 use redis::{Cmd, ErrorKind, RedisError, Value};
 use tokio::sync::watch;
 
@@ -249,7 +251,8 @@ impl ClusterLink {
     }
 
     /// Makes a connection anew, with the slot map as it is then, in a task
-    /// of its own, and puts it in place of the one in use once it is made:
+    /// of its own, and puts it in place of the one in use once it is made
+    /// and every primary of its map answers (see [`every_primary_answers`]):
     /// decisions go on on the one in use meanwhile (a node that hangs never
     /// holds up the others' decisions), and one that cannot be made (its
     /// seeds out of reach) leaves it. At most once every [`RESET_EVERY`].
@@ -275,6 +278,9 @@ impl ClusterLink {
             let Ok(Ok(conn)) = tokio::time::timeout(timeout, client.get_async_connection()).await else {
                 return;
             };
+            if !every_primary_answers(&conn, timeout).await {
+                return;
+            }
             let Some(link) = link.upgrade() else {
                 return;
             };
@@ -286,4 +292,25 @@ impl ClusterLink {
             }
         });
     }
+}
+
+/// Whether every primary of `conn`'s slot map answers within `timeout` (a
+/// `CLUSTER SLOTS` to each, a command the storage needs anyway). A
+/// connection made anew while a node hangs has no link to it: its first
+/// decision for that node's keys would set the driver reconnecting, which
+/// holds up every decision on the connection, those of the other nodes
+/// too, for up to the connection timeout. Such a connection is not put in
+/// place; the one in use still serves the other nodes, and the next
+/// attempt (after a failover, a map without the hung node) is.
+async fn every_primary_answers(conn: &ClusterConnection, timeout: Duration) -> bool {
+    let routing = RoutingInfo::MultiNode((
+        MultipleNodeRoutingInfo::AllMasters,
+        Some(ResponsePolicy::AllSucceeded),
+    ));
+    let mut probe = conn.clone();
+    let slots = redis::cmd("CLUSTER").arg("SLOTS").to_owned();
+    matches!(
+        tokio::time::timeout(timeout, probe.route_command(slots, routing)).await,
+        Ok(Ok(_))
+    )
 }
