@@ -9,6 +9,7 @@
 //! connection, and why the link makes each connection on a task of its own:
 //! an attempt is never cut short by the call that started it timing out.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
@@ -16,11 +17,11 @@ use std::time::{Duration, Instant};
 use redis::aio::ConnectionManager;
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{
-    MultipleNodeRoutingInfo, ResponsePolicy, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
-};
+use redis::cluster_routing::{MultipleNodeRoutingInfo, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{Cmd, ErrorKind, RedisError, Value};
 use tokio::sync::watch;
+
+use super::nodes::slot_ranges;
 
 /// A connection to one server or to a cluster. Cheap to clone.
 #[derive(Clone)]
@@ -296,21 +297,30 @@ impl ClusterLink {
 
 /// Whether every primary of `conn`'s slot map answers within `timeout` (a
 /// `CLUSTER SLOTS` to each, a command the storage needs anyway). A
-/// connection made anew while a node hangs has no link to it: its first
-/// decision for that node's keys would set the driver reconnecting, which
-/// holds up every decision on the connection, those of the other nodes
-/// too, for up to the connection timeout. Such a connection is not put in
-/// place; the one in use still serves the other nodes, and the next
-/// attempt (after a failover, a map without the hung node) is.
+/// connection made anew while a node hangs has no link to it (the driver
+/// then leaves that node out of a request to every primary, so the answers
+/// are counted against the primaries the map names): its first decision
+/// for that node's keys would set the driver reconnecting, which holds up
+/// every decision on the connection, those of the other nodes too, for up
+/// to the connection timeout. Such a connection is not put in place; the
+/// one in use still serves the other nodes, and the next attempt (after a
+/// failover, a map without the hung node) is.
 async fn every_primary_answers(conn: &ClusterConnection, timeout: Duration) -> bool {
-    let routing = RoutingInfo::MultiNode((
-        MultipleNodeRoutingInfo::AllMasters,
-        Some(ResponsePolicy::AllSucceeded),
-    ));
+    let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
     let mut probe = conn.clone();
     let slots = redis::cmd("CLUSTER").arg("SLOTS").to_owned();
-    matches!(
-        tokio::time::timeout(timeout, probe.route_command(slots, routing)).await,
-        Ok(Ok(_))
-    )
+    let Ok(Ok(Value::Map(answers))) =
+        tokio::time::timeout(timeout, probe.route_command(slots, routing)).await
+    else {
+        return false;
+    };
+    let maps: Vec<_> = answers
+        .iter()
+        .filter_map(|(_, answer)| slot_ranges(answer))
+        .collect();
+    let Some(map) = maps.first() else {
+        return false;
+    };
+    let primaries: HashSet<&str> = map.iter().map(|(_, _, primary)| primary.as_str()).collect();
+    maps.len() == answers.len() && answers.len() >= primaries.len()
 }

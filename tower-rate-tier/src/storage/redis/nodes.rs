@@ -163,7 +163,7 @@ impl Nodes {
 
 /// `(first slot, last slot, "host:port" of the primary)` per range of a
 /// `CLUSTER SLOTS` reply; `None` for a reply of another shape.
-fn slot_ranges(reply: &Value) -> Option<Vec<(u16, u16, String)>> {
+pub(super) fn slot_ranges(reply: &Value) -> Option<Vec<(u16, u16, String)>> {
     let Value::Array(ranges) = reply else {
         return None;
     };
