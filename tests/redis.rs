@@ -43,6 +43,8 @@ mod outages;
 mod own_connection;
 #[path = "redis/script.rs"]
 mod script;
+#[path = "redis/slot_release.rs"]
+mod slot_release;
 #[path = "redis/units.rs"]
 mod units;
 #[path = "redis/units_batching.rs"]

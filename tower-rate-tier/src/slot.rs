@@ -39,7 +39,13 @@ struct Waited {
 }
 
 impl SlotOwner for Waited {
+    /// Starts the release in the context of the runtime that waited: a
+    /// storage that sends it on in a task of its own (a `Fallback` giving a
+    /// slot back to the primary while it answers locally) sends it there.
+    /// A thread whose tokio context is gone (in a thread-local destructor)
+    /// can enter no runtime: there the release is started without it.
     fn release_slot(&self, lease: Lease) -> Option<Decide> {
+        let _waited = (!context_gone()).then(|| self.runtime.enter());
         self.owner.release_slot(lease)
     }
 
@@ -123,15 +129,25 @@ impl Drop for SlotGuard {
         else {
             return;
         };
-        let _taken_on = runtime.enter();
-        let mut sent = Context::from_waker(std::task::Waker::noop());
-        if Pin::new(&mut pending).poll(&mut sent).is_ready() {
-            return;
+        // (where the thread's tokio context is gone, only spawned: a poll
+        // outside a runtime's context may need one)
+        if !context_gone() {
+            let _taken_on = runtime.enter();
+            let mut sent = Context::from_waker(std::task::Waker::noop());
+            if Pin::new(&mut pending).poll(&mut sent).is_ready() {
+                return;
+            }
         }
         runtime.spawn(async move {
             let _ = pending.await;
         });
     }
+}
+
+/// Whether this thread's tokio context is gone (a thread-local
+/// destructor runs): no runtime can be entered here.
+fn context_gone() -> bool {
+    tokio::runtime::Handle::try_current().is_err_and(|e| e.is_thread_local_destroyed())
 }
 
 impl fmt::Debug for SlotGuard {
