@@ -293,3 +293,101 @@ async fn a_hung_primary_never_holds_up_the_other_primaries() {
         &failed[..failed.len().min(3)]
     );
 }
+
+/// A primary dead with its replica (its slots served by no one, under
+/// `cluster-require-full-coverage no`), then another primary failed over:
+/// the users of live primaries are decided by the new primary soon after
+/// (a connection made anew while a primary is out of reach is put in place
+/// when its map moved slots).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decisions_follow_a_failover_while_another_primary_is_dead() {
+    let Some(mut cluster) = own_replicated_cluster() else {
+        return;
+    };
+    for node in cluster.nodes() {
+        node.cli(&["CONFIG", "SET", "cluster-require-full-coverage", "no"]);
+    }
+    let storage = RedisStorage::cluster(cluster.urls())
+        .prefix("trt-dead-and-moved")
+        .timeout(Duration::from_millis(500))
+        .deny_cache(false)
+        .connect()
+        .await
+        .expect("connect");
+    let tiers = RateTier::builder()
+        .tier("free", Quota::per_day(100).with_burst(100_000))
+        .storage(storage)
+        .build();
+    let users: Vec<String> = (0..24).map(|i| format!("dm-{i}")).collect();
+    for user in &users {
+        assert!(tiers.check(user, "free", 1).await.expect("decided").is_ok());
+    }
+    let role =
+        |i: usize, c: &tower_rate_tier_tests::redis::RedisCluster| c.nodes()[i].cli(&["INFO", "replication"]);
+    let masters: Vec<usize> = (0..6)
+        .filter(|&i| role(i, &cluster).contains("role:master"))
+        .collect();
+    let replica_of = |m: usize, c: &tower_rate_tier_tests::redis::RedisCluster| {
+        let port = c.nodes()[m].port();
+        (0..6)
+            .find(|&i| {
+                let r = role(i, c);
+                r.contains("role:slave") && r.contains(&format!("master_port:{port}"))
+            })
+            .unwrap()
+    };
+    let (a, b) = (masters[0], masters[1]);
+    let (a2, b2) = (replica_of(a, &cluster), replica_of(b, &cluster));
+    {
+        cluster.nodes_mut()[a2].kill();
+        cluster.nodes_mut()[a].kill();
+        // until the others mark A failed (node timeout 5 s)
+        let until = Instant::now() + Duration::from_secs(20);
+        while !cluster.nodes()[b].cli(&["CLUSTER", "NODES"]).lines().any(|l| {
+            l.contains(&format!(":{}@", cluster.nodes()[a].port()))
+                && l.contains("fail")
+                && !l.contains("fail?")
+        }) {
+            assert!(Instant::now() < until, "A never marked failed");
+            for user in &users {
+                let _ = tiers.check(user, "free", 1).await;
+            }
+        }
+    }
+    // the users a live primary serves (on the connection in use)
+    let mut healthy = Vec::new();
+    for user in &users {
+        if tiers.check(user, "free", 1).await.is_ok() {
+            healthy.push(user.clone());
+        }
+    }
+    assert!(!healthy.is_empty(), "no user of a live primary");
+    cluster.nodes()[b2].cli(&["CLUSTER", "FAILOVER", "TAKEOVER"]);
+    let until = Instant::now() + Duration::from_secs(20);
+    while !(role(b2, &cluster).contains("role:master") && role(b, &cluster).contains("role:slave")) {
+        assert!(Instant::now() < until, "no takeover");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let promoted = Instant::now();
+    let mut last = String::new();
+    let mut failed = 0;
+    while promoted.elapsed() < Duration::from_secs(10) {
+        failed = 0;
+        for user in &healthy {
+            if let Err(e) = tiers.check(user, "free", 1).await {
+                failed += 1;
+                last = e.to_string();
+            }
+        }
+        if failed == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        failed,
+        0,
+        "{failed} of {} users of live primaries still fail 10 s after the takeover: {last}",
+        healthy.len()
+    );
+}

@@ -110,7 +110,13 @@ pub(super) struct ClusterLink {
     /// When a connection was last made anew for a slot map that may be
     /// stale (see [`ClusterLink::reconnect_soon`]).
     last_reset: Mutex<Option<Instant>>,
+    /// The slot map the connection in use was made with, once read.
+    map_in_use: Mutex<Option<ClusterMap>>,
 }
+
+/// A Cluster's slot map as `CLUSTER SLOTS` tells it: each range of slots
+/// and its primary, in order.
+type ClusterMap = Vec<(u16, u16, String)>;
 
 /// How often at most a connection is made anew for a slot map that may be
 /// stale: a replica answers `READONLY` until its promotion, and a node that
@@ -143,6 +149,7 @@ impl ClusterLink {
             slot: Mutex::new(Slot::Idle),
             attempts: AtomicU64::new(0),
             last_reset: Mutex::new(None),
+            map_in_use: Mutex::new(None),
         }
     }
 
@@ -219,7 +226,22 @@ impl ClusterLink {
                 };
             }
         }
+        let made = outcome.as_ref().ok().map(|(_, conn)| conn.clone());
         let _ = done.send(Some(outcome));
+        // the map it was made with, read after it is in use
+        if let Some(answer) = match made {
+            Some(conn) => primaries_answer(&conn, timeout).await,
+            None => None,
+        } {
+            if let Some(link) = link.upgrade() {
+                // (the slot's lock is let go first: `reconnect_soon` takes
+                // the map's, then the slot's)
+                let in_use = matches!(*link.slot(), Slot::Ready { id: current, .. } if current == id);
+                if in_use {
+                    *link.map_in_use.lock().unwrap_or_else(PoisonError::into_inner) = Some(answer.map);
+                }
+            }
+        }
     }
 
     /// Drops connection `id` after `error` if it says the connection's driver
@@ -253,7 +275,8 @@ impl ClusterLink {
 
     /// Makes a connection anew, with the slot map as it is then, in a task
     /// of its own, and puts it in place of the one in use once it is made
-    /// and every primary of its map answers (see [`every_primary_answers`]):
+    /// and every primary of its map answers, or its map moved a slot (see
+    /// [`primaries_answer`]):
     /// decisions go on on the one in use meanwhile (a node that hangs never
     /// holds up the others' decisions), and one that cannot be made (its
     /// seeds out of reach) leaves it. At most once every [`RESET_EVERY`].
@@ -279,48 +302,65 @@ impl ClusterLink {
             let Ok(Ok(conn)) = tokio::time::timeout(timeout, client.get_async_connection()).await else {
                 return;
             };
-            if !every_primary_answers(&conn, timeout).await {
+            let Some(answer) = primaries_answer(&conn, timeout).await else {
                 return;
-            }
+            };
             let Some(link) = link.upgrade() else {
                 return;
             };
+            let mut map_in_use = link.map_in_use.lock().unwrap_or_else(PoisonError::into_inner);
+            let moved = map_in_use.as_ref().is_some_and(|map| *map != answer.map);
+            if !answer.every_primary && !moved {
+                return;
+            }
             let mut slot = link.slot();
             // in place of an older connection, or of none (an attempt under
             // way then finds itself replaced, and leaves this one in place)
             if !matches!(*slot, Slot::Ready { id: current, .. } if current > id) {
                 *slot = Slot::Ready { id, conn };
+                *map_in_use = Some(answer.map);
             }
         });
     }
 }
 
-/// Whether every primary of `conn`'s slot map answers within `timeout` (a
-/// `CLUSTER SLOTS` to each, a command the storage needs anyway). A
-/// connection made anew while a node hangs has no link to it (the driver
+/// What a request to every primary of `conn` (a `CLUSTER SLOTS` to each,
+/// a command the storage needs anyway) tells within `timeout`: `None` when
+/// it failed or timed out (a primary it links to hangs).
+///
+/// A connection made anew while a node hangs has no link to it (the driver
 /// then leaves that node out of a request to every primary, so the answers
 /// are counted against the primaries the map names): its first decision
 /// for that node's keys would set the driver reconnecting, which holds up
 /// every decision on the connection, those of the other nodes too, for up
-/// to the connection timeout. Such a connection is not put in place; the
-/// one in use still serves the other nodes, and the next attempt (after a
-/// failover, a map without the hung node) is.
-async fn every_primary_answers(conn: &ClusterConnection, timeout: Duration) -> bool {
+/// to the connection timeout. Such a connection is put in place only when
+/// its map moved slots from the one in use (a failover elsewhere: the one
+/// in use sends their keys to a demoted primary), else the one in use
+/// still serves the other nodes.
+async fn primaries_answer(conn: &ClusterConnection, timeout: Duration) -> Option<Answered> {
     let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
     let mut probe = conn.clone();
     let slots = redis::cmd("CLUSTER").arg("SLOTS").to_owned();
     let Ok(Ok(Value::Map(answers))) =
         tokio::time::timeout(timeout, probe.route_command(slots, routing)).await
     else {
-        return false;
+        return None;
     };
     let maps: Vec<_> = answers
         .iter()
         .filter_map(|(_, answer)| slot_ranges(answer))
         .collect();
-    let Some(map) = maps.first() else {
-        return false;
-    };
+    let mut map = maps.first()?.clone();
+    map.sort_unstable();
     let primaries: HashSet<&str> = map.iter().map(|(_, _, primary)| primary.as_str()).collect();
-    maps.len() == answers.len() && answers.len() >= primaries.len()
+    let every_primary = maps.len() == answers.len() && answers.len() >= primaries.len();
+    Some(Answered { map, every_primary })
+}
+
+/// See [`primaries_answer`].
+struct Answered {
+    /// The map, as the first answer tells it.
+    map: ClusterMap,
+    /// Every primary the map names answered.
+    every_primary: bool,
 }
