@@ -51,135 +51,90 @@ fn one_slot_app(storage: impl Storage) -> Router {
         .layer(TierLimitLayer::new(tiers).identifier_fn(identity))
 }
 
-/// An instance with one slot per user on Redis, on its own runtime.
-fn one_slot_instance(server: &RedisServer) -> (tokio::runtime::Runtime, Router) {
+/// Takes `ada`'s one slot in Redis on an instance's own runtime, has
+/// `drop_it` drop the response away from that runtime (`true` when the
+/// drop went without a panic), and checks that it did and that `ada` is
+/// admitted again within a second: the release was started on the runtime
+/// that waited for the slot, its answer not awaited.
+fn dropped_away(drop_it: fn(http::Response<Body>) -> bool) {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
     let runtime = multi_thread();
     let app = runtime.block_on(async { one_slot_app(storage(&server.url()).await) });
-    (runtime, app)
-}
-
-/// Whether `user` is admitted again within a second (the release of its
-/// slot sent, its answer not awaited).
-fn admitted_again(runtime: &tokio::runtime::Runtime, app: &Router, user: &str) -> bool {
-    runtime.block_on(async {
+    let held = runtime.block_on(get(&app, "ada"));
+    assert_eq!(held.status(), StatusCode::OK);
+    assert!(drop_it(held), "dropping the response panicked");
+    let admitted = runtime.block_on(async {
         for _ in 0..100 {
-            if get(app, user).await.status() == StatusCode::OK {
+            if get(&app, "ada").await.status() == StatusCode::OK {
                 return true;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         false
-    })
+    });
+    assert!(admitted, "the slot was not given back");
 }
 
-/// A response dropped under another runtime, one without a timer (a
-/// helper runtime built without `enable_time`): no panic, and its slot is
-/// back at once (the release is sent in the drop, before any timer).
+/// Under another runtime, one without a timer (a helper runtime built
+/// without `enable_time`), where the storage's timeout would panic.
 #[test]
 fn a_response_dropped_under_a_runtime_without_timers_gives_its_slot_back() {
-    let Some(server) = RedisServer::start() else {
-        return;
-    };
-    let (runtime, app) = one_slot_instance(&server);
-    let held = runtime.block_on(get(&app, "ada"));
-    assert_eq!(held.status(), StatusCode::OK);
-    let plain = tokio::runtime::Builder::new_current_thread().build().unwrap();
-    let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        plain.block_on(async move { drop(held) });
-    }));
-    assert!(
-        dropped.is_ok(),
-        "dropping a response under a runtime without timers panicked"
-    );
-    assert!(
-        admitted_again(&runtime, &app, "ada"),
-        "the slot was not given back"
-    );
+    dropped_away(|held| {
+        let plain = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            plain.block_on(async move { drop(held) });
+        }))
+        .is_ok()
+    });
 }
 
-/// A response dropped by a blocking task of another runtime after that
-/// runtime shut down (the instance's runtime runs on): no panic, and its
-/// slot is back at once.
+/// By a blocking task of another runtime after that runtime shut down
+/// (the instance's runtime runs on).
 #[test]
 fn a_response_dropped_after_another_runtime_shut_down_gives_its_slot_back() {
-    let Some(server) = RedisServer::start() else {
-        return;
-    };
-    let (runtime, app) = one_slot_instance(&server);
-    let held = runtime.block_on(get(&app, "ada"));
-    assert_eq!(held.status(), StatusCode::OK);
-    let other = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    other.spawn_blocking(move || {
-        // outlives the runtime's shutdown below
-        std::thread::sleep(Duration::from_millis(300));
-        let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(held)));
-        let _ = tx.send(dropped.is_ok());
+    dropped_away(|held| {
+        let other = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        other.spawn_blocking(move || {
+            // outlives the runtime's shutdown below
+            std::thread::sleep(Duration::from_millis(300));
+            let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(held)));
+            let _ = tx.send(dropped.is_ok());
+        });
+        drop(other);
+        rx.recv_timeout(Duration::from_secs(5)) == Ok(true)
     });
-    drop(other);
-    assert_eq!(
-        rx.recv_timeout(Duration::from_secs(5)),
-        Ok(true),
-        "dropping a response after its runtime shut down panicked"
-    );
-    assert!(
-        admitted_again(&runtime, &app, "ada"),
-        "the slot was not given back"
-    );
 }
 
-/// A response dropped where no tokio runtime runs (a body handed to a
-/// thread of its own): no panic, and its slot is back at once (its
-/// release goes out on the runtime the slot was taken on).
+/// Where no tokio runtime runs (a body handed to a thread of its own).
 #[test]
 fn a_response_dropped_outside_a_runtime_gives_its_slot_back() {
-    let Some(server) = RedisServer::start() else {
-        return;
-    };
-    let (runtime, app) = one_slot_instance(&server);
-    let held = runtime.block_on(get(&app, "ada"));
-    assert_eq!(held.status(), StatusCode::OK);
-    let dropped = std::thread::spawn(move || drop(held)).join();
-    assert!(dropped.is_ok(), "dropping a response outside a runtime panicked");
-    assert!(
-        admitted_again(&runtime, &app, "ada"),
-        "the slot was not given back"
-    );
+    dropped_away(|held| std::thread::spawn(move || drop(held)).join().is_ok());
 }
 
 thread_local! {
     static HELD: RefCell<Option<http::Response<Body>>> = const { RefCell::new(None) };
 }
 
-/// A response kept in a thread-local of a plain thread, dropped by its
-/// destructor when the thread exits, after tokio's own thread-local
-/// context is gone: no abort, and the slot is back at once.
+/// By a thread-local's destructor when a plain thread exits, after
+/// tokio's own thread-local context is gone (no runtime can be entered).
 #[test]
 fn a_response_dropped_in_a_thread_local_destructor_gives_its_slot_back() {
-    let Some(server) = RedisServer::start() else {
-        return;
-    };
-    let (runtime, app) = one_slot_instance(&server);
-    let held = runtime.block_on(get(&app, "ada"));
-    assert_eq!(held.status(), StatusCode::OK);
-    let joined = std::thread::spawn(move || {
-        HELD.with(|h| *h.borrow_mut() = Some(held));
-        // tokio's context thread-local, made after ours: destroyed first
-        let _ = tokio::runtime::Handle::try_current();
-    })
-    .join();
-    assert!(
-        joined.is_ok(),
-        "dropping a response in a thread-local destructor panicked"
-    );
-    assert!(
-        admitted_again(&runtime, &app, "ada"),
-        "the slot was not given back"
-    );
+    dropped_away(|held| {
+        std::thread::spawn(move || {
+            HELD.with(|h| *h.borrow_mut() = Some(held));
+            // tokio's context thread-local, made after ours: destroyed first
+            let _ = tokio::runtime::Handle::try_current();
+        })
+        .join()
+        .is_ok()
+    });
 }
 
 /// `Fallback<RedisStorage>`: a slot taken in Redis, its response dropped

@@ -21,7 +21,7 @@ use redis::cluster_routing::{MultipleNodeRoutingInfo, Route, RoutingInfo, Single
 use redis::{Cmd, ErrorKind, RedisError, Value};
 use tokio::sync::watch;
 
-use super::nodes::slot_ranges;
+use super::nodes::{ClusterMap, slot_ranges};
 
 /// A connection to one server or to a cluster. Cheap to clone.
 #[derive(Clone)]
@@ -113,10 +113,6 @@ pub(super) struct ClusterLink {
     /// The slot map the connection in use was made with, once read.
     map_in_use: Mutex<Option<ClusterMap>>,
 }
-
-/// A Cluster's slot map as `CLUSTER SLOTS` tells it: each range of slots
-/// and its primary, in order.
-type ClusterMap = Vec<(u16, u16, String)>;
 
 /// How often at most a connection is made anew for a slot map that may be
 /// stale: a replica answers `READONLY` until its promotion, and a node that

@@ -161,9 +161,13 @@ impl Nodes {
     }
 }
 
-/// `(first slot, last slot, "host:port" of the primary)` per range of a
-/// `CLUSTER SLOTS` reply; `None` for a reply of another shape.
-pub(super) fn slot_ranges(reply: &Value) -> Option<Vec<(u16, u16, String)>> {
+/// A Cluster's slot map as `CLUSTER SLOTS` tells it: `(first slot, last
+/// slot, "host:port" of the primary)` per range.
+pub(super) type ClusterMap = Vec<(u16, u16, String)>;
+
+/// The ranges of a `CLUSTER SLOTS` reply; `None` for a reply of another
+/// shape.
+pub(super) fn slot_ranges(reply: &Value) -> Option<ClusterMap> {
     let Value::Array(ranges) = reply else {
         return None;
     };
